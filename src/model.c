@@ -1,0 +1,474 @@
+/* model.c - making models: from a safetensors file, from SYNTH.md, saving. */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model.h"
+#include "motif.h"
+#include "synth.h"
+#include "util.h"
+
+static hd_model *model_new(const char *pattern, int experts)
+{
+    hd_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->magic = HD_MODEL_MAGIC;
+    m->experts = experts;
+    snprintf(m->pattern, sizeof m->pattern, "%s", pattern);
+    return m;
+}
+
+static void model_destroy(hd_model *m)
+{
+    if (!m)
+        return;
+    if (m->backend && m->backend->model_free)
+        m->backend->model_free(m);
+    hd_st_close(&m->file);
+    hd_free_aligned(m->owned);
+    free(m->tensors);
+    m->magic = 0;
+    free(m);
+}
+
+void hd_model_free(hd_model *model)
+{
+    if (model && model->magic == HD_MODEL_MAGIC)
+        model_destroy(model);
+}
+
+/* Lays out specs, allocates model->tensors.  Returns the spec array. */
+static hd_tensor_spec *model_layout(hd_model *m, char *err, size_t err_size,
+                                    hd_status *st)
+{
+    size_t n = hd_motif_tensor_count(m->pattern);
+    hd_tensor_spec *specs = calloc(n, sizeof *specs);
+    m->tensors = calloc(n, sizeof *m->tensors);
+    if (!specs || !m->tensors) {
+        free(specs);
+        *st = hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
+                      "out of memory for the tensor table");
+        return NULL;
+    }
+    m->n_tensors = n;
+    hd_motif_layout(m, specs);
+    return specs;
+}
+
+/* Records tensor i of the model and binds its pointer into the layers. */
+static void model_bind(hd_model *m, const hd_tensor_spec *s, size_t i,
+                       const void *data)
+{
+    hd_tensor *t = &m->tensors[i];
+    snprintf(t->name, sizeof t->name, "%s", s->name);
+    t->dtype = s->dtype;
+    t->ndim = s->ndim;
+    memcpy(t->shape, s->shape, sizeof t->shape);
+    t->data = data;
+    t->bytes = hd_motif_tensor_bytes(s);
+    m->weight_bytes += t->bytes;
+    if (s->u8_slot)
+        *s->u8_slot = data;
+    else
+        *s->bf16_slot = data;
+}
+
+static hd_status model_start_backend(hd_model *m, const hd_options *opt,
+                                     char *err, size_t err_size)
+{
+    hd_options defaults;
+    const hd_backend_ops *ops;
+    hd_status st;
+
+    if (!opt) {
+        hd_options_init(&defaults);
+        opt = &defaults;
+    }
+    if (opt->struct_size != 0 && opt->struct_size < sizeof(hd_options))
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                       "hd_options: struct_size %zu is too small; use hd_options_init",
+                       opt->struct_size);
+    if (opt->threads < 0)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                       "hd_options: threads must be >= 0 (got %d)", opt->threads);
+    if (opt->device < 0)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                       "hd_options: device must be >= 0 (got %d)", opt->device);
+    st = hd_backend_choose(opt->backend, &ops, err, err_size);
+    if (st != HD_OK)
+        return st;
+    m->threads = opt->threads;
+    m->device = opt->device;
+    snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
+    st = ops->model_init(m, err, err_size);
+    if (st != HD_OK)
+        return st;
+    m->backend = ops;
+    return HD_OK;
+}
+
+hd_status hd_model_synth(uint32_t seed, int experts, const char *pattern,
+                         const hd_options *options, hd_model **model,
+                         char *err, size_t err_size)
+{
+    hd_model *m;
+    hd_tensor_spec *specs;
+    hd_status st = HD_OK;
+    uint64_t total = 0;
+    size_t i;
+
+    if (!model)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL");
+    *model = NULL;
+    if (!pattern)
+        pattern = "KKKM";
+    if (!hd_motif_pattern_ok(pattern))
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                       "pattern must be 1 to %d letters K or M", HD_MAX_LAYERS);
+    if (experts < HD_MIN_EXPERTS || experts > HD_MAX_EXPERTS)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                       "experts must be in [%d, %d] (got %d)", HD_MIN_EXPERTS,
+                       HD_MAX_EXPERTS, experts);
+    m = model_new(pattern, experts);
+    if (!m)
+        return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
+    specs = model_layout(m, err, err_size, &st);
+    if (!specs) {
+        model_destroy(m);
+        return st;
+    }
+    /* One buffer, every tensor at a 64-byte boundary. */
+    for (i = 0; i < m->n_tensors; i++) {
+        uint64_t b = (hd_motif_tensor_bytes(&specs[i]) + 63) & ~(uint64_t)63;
+        if (!hd_add_u64(total, b, &total) || total > SIZE_MAX) {
+            st = hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
+                         "synthetic model too large");
+            goto out;
+        }
+    }
+    m->owned = hd_alloc_aligned((size_t)total);
+    if (!m->owned) {
+        st = hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
+                     "out of memory for %" PRIu64 " bytes of weights", total);
+        goto out;
+    }
+    {
+        unsigned char *p = m->owned;
+        for (i = 0; i < m->n_tensors; i++) {
+            uint64_t b = hd_motif_tensor_bytes(&specs[i]);
+            hd_synth_fill(seed, &specs[i], p);
+            model_bind(m, &specs[i], i, p);
+            p += (b + 63) & ~(uint64_t)63;
+        }
+    }
+    snprintf(m->source, sizeof m->source, "synth seed %" PRIu32, seed);
+    st = model_start_backend(m, options, err, err_size);
+out:
+    free(specs);
+    if (st != HD_OK) {
+        model_destroy(m);
+        return st;
+    }
+    *model = m;
+    return HD_OK;
+}
+
+static const char *dtype_label(const hd_st_tensor *t)
+{
+    return t->dtype_name[0] ? t->dtype_name : "?";
+}
+
+static void shape_text(char *buf, size_t size, int ndim, const uint64_t *shape)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    used += (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%" PRIu64,
+                                 i ? ", " : "", shape[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+}
+
+/* The pattern of a file: layers blocks.0 .. blocks.n-1, each KDA (it has
+ * attn.g_proj) or MLA (it has attn.kv_a). */
+static hd_status derive_pattern(const hd_st_file *f, char *pattern,
+                                char *err, size_t err_size)
+{
+    char name[64];
+    int n = 0;
+    for (;; n++) {
+        snprintf(name, sizeof name, "blocks.%d.attn_norm", n);
+        if (!hd_st_find(f, name))
+            break;
+        if (n == HD_MAX_LAYERS)
+            return hd_fail(err, err_size, HD_ERR_MODEL,
+                           "more than %d layers (found %s)", HD_MAX_LAYERS, name);
+        snprintf(name, sizeof name, "blocks.%d.attn.g_proj.w_q", n);
+        if (hd_st_find(f, name)) {
+            pattern[n] = 'K';
+            continue;
+        }
+        snprintf(name, sizeof name, "blocks.%d.attn.kv_a.w_q", n);
+        if (hd_st_find(f, name)) {
+            pattern[n] = 'M';
+            continue;
+        }
+        return hd_fail(err, err_size, HD_ERR_MODEL,
+                       "layer %d is neither KDA (no blocks.%d.attn.g_proj.w_q) "
+                       "nor MLA (no blocks.%d.attn.kv_a.w_q)", n, n, n);
+    }
+    pattern[n] = 0;
+    if (n == 0)
+        return hd_fail(err, err_size, HD_ERR_MODEL,
+                       "tensor blocks.0.attn_norm missing: not a model of the motif");
+    return HD_OK;
+}
+
+static hd_status derive_experts(const hd_st_file *f, int *experts, char *err,
+                                size_t err_size)
+{
+    const char *name = "blocks.0.moe.router.weight";
+    const hd_st_tensor *t = hd_st_find(f, name);
+    if (!t)
+        return hd_fail(err, err_size, HD_ERR_MODEL, "tensor %s missing", name);
+    if (t->dtype != HD_DT_BF16 || t->ndim != 2 || t->shape[1] != HD_HIDDEN) {
+        char sh[128];
+        shape_text(sh, sizeof sh, t->ndim, t->shape);
+        return hd_fail(err, err_size, HD_ERR_MODEL,
+                       "tensor %s is %s %s, expected BF16 [E, %d]", name,
+                       dtype_label(t), sh, HD_HIDDEN);
+    }
+    if (t->shape[0] < HD_MIN_EXPERTS || t->shape[0] > HD_MAX_EXPERTS)
+        return hd_fail(err, err_size, HD_ERR_MODEL,
+                       "tensor %s gives %" PRIu64 " experts; the motif needs %d to %d",
+                       name, t->shape[0], HD_MIN_EXPERTS, HD_MAX_EXPERTS);
+    *experts = (int)t->shape[0];
+    return HD_OK;
+}
+
+static int spec_name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Every expected tensor present with its dtype and shape; nothing else. */
+static hd_status check_tensors(const hd_st_file *f, const hd_model *m,
+                               const hd_tensor_spec *specs, char *err,
+                               size_t err_size)
+{
+    const char **names;
+    size_t n = m->n_tensors;
+
+    for (size_t i = 0; i < n; i++) {
+        const hd_tensor_spec *s = &specs[i];
+        const hd_st_tensor *t = hd_st_find(f, s->name);
+        int same = 1;
+        if (!t)
+            return hd_fail(err, err_size, HD_ERR_MODEL,
+                           "tensor %s missing (pattern %s, %d experts)",
+                           s->name, m->pattern, m->experts);
+        if (t->ndim != s->ndim)
+            same = 0;
+        for (int d = 0; same && d < s->ndim; d++)
+            same = t->shape[d] == s->shape[d];
+        if (t->dtype != s->dtype || !same) {
+            char got[128], want[128];
+            shape_text(got, sizeof got, t->ndim, t->shape);
+            shape_text(want, sizeof want, s->ndim, s->shape);
+            return hd_fail(err, err_size, HD_ERR_MODEL,
+                           "tensor %s is %s %s, expected %s %s (pattern %s, %d experts)",
+                           s->name, dtype_label(t), got,
+                           s->dtype == HD_DT_BF16 ? "BF16" : "U8", want,
+                           m->pattern, m->experts);
+        }
+    }
+    if (f->n_tensors == n)
+        return HD_OK;
+    /* More tensors than expected: name one that is not ours. */
+    names = malloc(n * sizeof *names);
+    if (!names)
+        return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        names[i] = specs[i].name;
+    qsort(names, n, sizeof *names, spec_name_cmp);
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const char *key = f->tensors[i].name;
+        if (!bsearch(&key, names, n, sizeof *names, spec_name_cmp)) {
+            hd_status st = hd_fail(err, err_size, HD_ERR_MODEL,
+                                   "unexpected tensor %s (pattern %s, %d experts)",
+                                   key, m->pattern, m->experts);
+            free(names);
+            return st;
+        }
+    }
+    free(names);
+    return hd_fail(err, err_size, HD_ERR_INTERNAL, "tensor count mismatch");
+}
+
+static hd_status check_metadata(const hd_st_file *f, const hd_model *m,
+                                char *err, size_t err_size)
+{
+    const char *p = hd_st_meta_get(f, "pattern");
+    const char *e = hd_st_meta_get(f, "experts");
+    if (p && strcmp(p, m->pattern) != 0)
+        return hd_fail(err, err_size, HD_ERR_MODEL,
+                       "__metadata__ pattern \"%.64s\" disagrees with the tensors (%s)",
+                       p, m->pattern);
+    if (e) {
+        char *end;
+        long v;
+        errno = 0;
+        v = strtol(e, &end, 10);
+        if (errno || end == e || *end || v != m->experts)
+            return hd_fail(err, err_size, HD_ERR_MODEL,
+                           "__metadata__ experts \"%.32s\" disagrees with the tensors (%d)",
+                           e, m->experts);
+    }
+    return HD_OK;
+}
+
+/* Tensors whose bytes cannot be used in place (a bf16 tensor at an odd
+ * address, or any bf16 tensor on a big-endian host) are copied once. */
+static int needs_copy(const hd_tensor_spec *s, const void *data)
+{
+#ifdef WORDS_BIGENDIAN
+    return s->dtype == HD_DT_BF16;
+#else
+    return s->dtype == HD_DT_BF16 && ((uintptr_t)data & 1);
+#endif
+}
+
+static hd_status bind_file(hd_model *m, const hd_tensor_spec *specs,
+                           char *err, size_t err_size)
+{
+    uint64_t copy_bytes = 0;
+    unsigned char *p;
+
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const hd_st_tensor *t = hd_st_find(&m->file, specs[i].name);
+        if (needs_copy(&specs[i], t->data))
+            copy_bytes += (hd_motif_tensor_bytes(&specs[i]) + 63) & ~(uint64_t)63;
+    }
+    if (copy_bytes) {
+        if (copy_bytes > SIZE_MAX || !(m->owned = hd_alloc_aligned((size_t)copy_bytes)))
+            return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
+                           "out of memory for aligned copies of the weights");
+    }
+    p = m->owned;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const hd_st_tensor *t = hd_st_find(&m->file, specs[i].name);
+        const void *data = t->data;
+        if (needs_copy(&specs[i], t->data)) {
+            uint64_t b = hd_motif_tensor_bytes(&specs[i]);
+            uint16_t *dst = (uint16_t *)p;
+            for (uint64_t j = 0; j < b / 2; j++)
+                dst[j] = (uint16_t)(t->data[2 * j] | (t->data[2 * j + 1] << 8));
+            data = p;
+            p += (b + 63) & ~(uint64_t)63;
+        }
+        model_bind(m, &specs[i], i, data);
+    }
+    return HD_OK;
+}
+
+hd_status hd_model_load(const char *path, const hd_options *options,
+                        hd_model **model, char *err, size_t err_size)
+{
+    hd_st_file file;
+    char pattern[HD_MAX_LAYERS + 1];
+    int experts = 0;
+    hd_model *m;
+    hd_tensor_spec *specs;
+    hd_status st;
+
+    if (!model)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL");
+    *model = NULL;
+    if (!path)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "path is NULL");
+    st = hd_st_open(path, &file, err, err_size);
+    if (st != HD_OK)
+        return st;
+    st = derive_pattern(&file, pattern, err, err_size);
+    if (st == HD_OK)
+        st = derive_experts(&file, &experts, err, err_size);
+    if (st != HD_OK) {
+        hd_st_close(&file);
+        return st;
+    }
+    m = model_new(pattern, experts);
+    if (!m) {
+        hd_st_close(&file);
+        return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    m->file = file; /* the model owns the mapping from here on */
+    specs = model_layout(m, err, err_size, &st);
+    if (!specs) {
+        model_destroy(m);
+        return st;
+    }
+    st = check_tensors(&m->file, m, specs, err, err_size);
+    if (st == HD_OK)
+        st = check_metadata(&m->file, m, err, err_size);
+    if (st == HD_OK)
+        st = bind_file(m, specs, err, err_size);
+    free(specs);
+    if (st == HD_OK) {
+        snprintf(m->source, sizeof m->source, "%s", path);
+        st = model_start_backend(m, options, err, err_size);
+    }
+    if (st != HD_OK) {
+        model_destroy(m);
+        return st;
+    }
+    *model = m;
+    return HD_OK;
+}
+
+hd_status hd_model_save(const hd_model *model, const char *path, char *err,
+                        size_t err_size)
+{
+    hd_st_out *out;
+    hd_st_meta meta[2];
+    char experts[16], pattern[HD_MAX_LAYERS + 1];
+    hd_status st;
+
+    if (!model || model->magic != HD_MODEL_MAGIC)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL or invalid");
+    if (!path)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "path is NULL");
+    out = calloc(model->n_tensors, sizeof *out);
+    if (!out)
+        return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
+#ifdef WORDS_BIGENDIAN
+    free(out);
+    return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
+                   "saving models is not supported on big-endian hosts");
+#endif
+    for (size_t i = 0; i < model->n_tensors; i++) {
+        const hd_tensor *t = &model->tensors[i];
+        out[i].name = t->name;
+        out[i].dtype = t->dtype;
+        out[i].ndim = t->ndim;
+        for (int d = 0; d < t->ndim; d++)
+            out[i].shape[d] = t->shape[d];
+        out[i].data = t->data;
+        out[i].bytes = t->bytes;
+    }
+    snprintf(experts, sizeof experts, "%d", model->experts);
+    snprintf(pattern, sizeof pattern, "%s", model->pattern);
+    meta[0].key = (char *)"experts";
+    meta[0].value = experts;
+    meta[1].key = (char *)"pattern";
+    meta[1].value = pattern;
+    st = hd_st_write(path, out, model->n_tensors, meta, 2, err, err_size);
+    free(out);
+    return st;
+}

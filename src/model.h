@@ -1,0 +1,95 @@
+/* model.h - the model object: layers, weights bound to tensors, backend. */
+#ifndef HD_MODEL_H
+#define HD_MODEL_H
+
+#include <stdint.h>
+
+#include "hd.h"
+#include "safetensors.h"
+
+/* A quantized linear map (or a bank of `count` of them) with input size k
+ * and output size n, in the seed's layout (SEMANTICS.md, "Int4 weights"). */
+typedef struct hd_qlinear {
+    const uint8_t *w_q;      /* [count][k/2][n]   */
+    const uint16_t *scales;  /* [count][k/128][n] */
+    const uint16_t *zeros;   /* [count][k/128][n] */
+    int k, n, count;
+} hd_qlinear;
+
+/* Member j of a bank, as a single linear map. */
+static inline hd_qlinear hd_qlinear_member(const hd_qlinear *bank, int j)
+{
+    hd_qlinear m = *bank;
+    size_t wq = (size_t)(bank->k / 2) * (size_t)bank->n;
+    size_t sz = (size_t)(bank->k / 128) * (size_t)bank->n;
+    m.w_q += (size_t)j * wq;
+    m.scales += (size_t)j * sz;
+    m.zeros += (size_t)j * sz;
+    m.count = 1;
+    return m;
+}
+
+typedef struct hd_kda_weights {
+    hd_qlinear q_proj, k_proj, v_proj, g_proj, o_proj;
+    const uint16_t *beta_proj; /* bf16 [32][2304] */
+    const uint16_t *conv_w;    /* bf16 [3 (q,k,v)][4096][4] */
+} hd_kda_weights;
+
+typedef struct hd_mla_weights {
+    hd_qlinear q_proj, kv_a, kv_b, o_proj;
+} hd_mla_weights;
+
+typedef struct hd_moe_weights {
+    const uint16_t *router;    /* bf16 [E][2304] */
+    hd_qlinear gate, up, down; /* banks of E */
+    hd_qlinear s_gate, s_up, s_down; /* banks of 1 */
+} hd_moe_weights;
+
+typedef struct hd_layer {
+    char kind;                 /* 'K' or 'M' */
+    int slot;                  /* index among the layers of its kind */
+    const uint16_t *attn_norm; /* bf16 [2304] */
+    const uint16_t *moe_norm;  /* bf16 [2304] */
+    hd_kda_weights kda;        /* kind 'K' */
+    hd_mla_weights mla;        /* kind 'M' */
+    hd_moe_weights moe;
+} hd_layer;
+
+/* One tensor the model holds, by its seed name (for saving). */
+typedef struct hd_tensor {
+    char name[96];
+    hd_dtype dtype;
+    int ndim;
+    uint64_t shape[3];
+    const void *data;
+    uint64_t bytes;
+} hd_tensor;
+
+struct hd_backend_ops;
+
+#define HD_MODEL_MAGIC 0x6864304du /* "hd0M" */
+
+struct hd_model {
+    uint32_t magic;
+    int n_layers, n_kda, n_mla, experts;
+    char pattern[HD_MAX_LAYERS + 1];
+    hd_layer layers[HD_MAX_LAYERS];
+
+    hd_tensor *tensors;        /* every tensor, in motif order */
+    size_t n_tensors;
+    uint64_t weight_bytes;
+
+    /* Where the bytes live: a mapped file, or one owned buffer (synth, or
+     * aligned/byte-swapped copies of a file's tensors). */
+    hd_st_file file;
+    void *owned;
+    char source[512];          /* "synth seed 1" or the file path */
+
+    const struct hd_backend_ops *backend;
+    void *backend_ctx;         /* the backend's per-model data */
+    char backend_info[128];
+    int threads;               /* from the options (0 = default) */
+    int device;
+};
+
+#endif /* HD_MODEL_H */
