@@ -137,7 +137,8 @@ HD_API hd_status hd_backend_available(hd_backend backend, char *err,
 typedef struct hd_options {
     size_t struct_size; /* sizeof(hd_options), set by hd_options_init */
     hd_backend backend; /* default: HD_BACKEND_DEFAULT */
-    int threads;        /* CPU threads; 0 = OMP_NUM_THREADS or all cores */
+    int threads;        /* CPU threads, >= 0; 0 = OMP_NUM_THREADS or all
+                           cores.  The reference backend always uses one. */
     int device;         /* GPU ordinal for the CUDA backend; default 0 */
 } hd_options;
 
@@ -209,7 +210,8 @@ HD_API int hd_model_experts(const hd_model *model);
 HD_API int hd_model_layers(const hd_model *model);
 /** The layer pattern, e.g. "KKKM" (empty string for NULL). */
 HD_API const char *hd_model_pattern(const hd_model *model);
-/** Bytes of packed weights the model holds (all tensors of the file). */
+/** Bytes of all the model's weight tensors as stored: packed int4 data,
+ *  scales, zeros, norms, routers and the other bf16 tensors. */
 HD_API uint64_t hd_model_weight_bytes(const hd_model *model);
 
 /* ------------------------------------------------------------------ */
@@ -261,13 +263,15 @@ HD_API hd_status hd_state_tensor_bytes(const hd_state *state, int layer,
                                        hd_state_tensor which, size_t *bytes);
 
 /** Copies one state tensor out, in the seed's layout (fp32 values or bf16
- *  bits, host byte order).  `bytes` must equal hd_state_tensor_bytes. */
+ *  bits, host byte order).  `bytes` must equal hd_state_tensor_bytes
+ *  (HD_ERR_SIZE_MISMATCH otherwise); when that is 0 (an MLA tensor at
+ *  context 0) nothing is copied and dst may be NULL. */
 HD_API hd_status hd_state_export(const hd_state *state, int layer,
                                  hd_state_tensor which, void *dst,
                                  size_t bytes);
 
-/** Replaces one state tensor, same layout and size rule as export.  The MLA
- *  tensors cover the current context (set it with hd_state_prefill). */
+/** Replaces one state tensor, same layout and size rules as export.  The
+ *  MLA tensors cover the current context (set it with hd_state_prefill). */
 HD_API hd_status hd_state_import(hd_state *state, int layer,
                                  hd_state_tensor which, const void *src,
                                  size_t bytes);
@@ -276,8 +280,10 @@ HD_API hd_status hd_state_import(hd_state *state, int layer,
  * Sets the MLA caches of every MLA layer to `rows` given tokens and the
  * context length to `rows`; the KDA state is left as it is.  c_kv is
  * [n_mla][rows][512] and k_rope [n_mla][rows][64] bf16, n_mla being the
- * number of 'M' layers, in layer order.  rows == 0 empties the caches (the
- * pointers may then be NULL).  HD_ERR_CACHE_FULL if rows > capacity.
+ * number of 'M' layers, in layer order.  The pointers may be NULL when
+ * rows == 0 (empty caches) or when the model has no MLA layer (the context,
+ * the position of the next token, is still set to rows).
+ * HD_ERR_CACHE_FULL if rows > capacity.
  */
 HD_API hd_status hd_state_prefill(hd_state *state, size_t rows,
                                   const uint16_t *c_kv,
