@@ -214,6 +214,27 @@ HD_API const char *hd_model_pattern(const hd_model *model);
  *  scales, zeros, norms, routers and the other bf16 tensors. */
 HD_API uint64_t hd_model_weight_bytes(const hd_model *model);
 
+/**
+ * The bytes one step must move at MLA context `context` (tokens already in
+ * the cache): every dense weight tensor of every layer (norms, attention
+ * projections with their scales and zeros, KDA beta and conv weights,
+ * routers), the weights of the 8 routed and the shared expert of each layer,
+ * the KDA state S and conv caches read and written, and the MLA cache rows
+ * read (context + 1) and written (1).  A model of the traffic, not a
+ * measurement: benchmarks divide it by the measured bandwidth.
+ */
+HD_API uint64_t hd_model_step_bytes(const hd_model *model, size_t context);
+
+/**
+ * Measures the memory bandwidth the model's backend streams at, in bytes
+ * per second: a read of at least 1 GiB of host memory with the backend's
+ * threads for the host backends, a device-to-device copy (read + write
+ * counted) for a GPU backend.  Takes about a second and allocates memory
+ * temporarily (HD_ERR_OUT_OF_MEMORY if it cannot).
+ */
+HD_API hd_status hd_model_measure_bandwidth(const hd_model *model,
+                                            double *bytes_per_second);
+
 /* ------------------------------------------------------------------ */
 /* States                                                              */
 /* ------------------------------------------------------------------ */

@@ -51,7 +51,14 @@ typedef struct hd_backend_ops {
      * MLA layers); the core increments the context on success. */
     hd_status (*step)(const hd_model *model, hd_state *state,
                       const uint16_t *in_bf16, uint16_t *out_bf16);
+    /* Bandwidth the backend streams memory at, bytes/s (hd-bench). */
+    hd_status (*measure_bandwidth)(const hd_model *model, double *bytes_per_s);
 } hd_backend_ops;
+
+/* A timed read of `bytes` of host memory with `threads` threads (1 without
+ * OpenMP), best of `repeats`; bytes per second. */
+hd_status hd_host_read_bandwidth(size_t bytes, int threads, int repeats,
+                                 double *bytes_per_s);
 
 /* The registry: the ops of a named backend, or NULL when it is not part of
  * this build. */

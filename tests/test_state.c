@@ -438,6 +438,8 @@ START_TEST(test_capacity_zero)
                       "a KDA-only model with capacity 0: step %d = %d (%s)", i,
                       (int)st, hd_status_string(st));
         ck_assert(tu_all_finite_bf16(out, D));
+        /* The context is the position of the next token, MLA or not. */
+        ck_assert_uint_eq(hd_state_context(s), (size_t)i + 1);
     }
     hd_state_free(s);
     hd_model_free(k_only);

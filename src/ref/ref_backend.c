@@ -52,6 +52,13 @@ static hd_status ref_state_init(hd_state *state)
     return HD_OK;
 }
 
+/* One thread streams the weights: measure what one thread can read. */
+static hd_status ref_measure_bandwidth(const hd_model *model, double *bytes_per_s)
+{
+    (void)model;
+    return hd_host_read_bandwidth((size_t)1 << 30, 1, 3, bytes_per_s);
+}
+
 const hd_backend_ops hd_ref_backend = {
     .kind = HD_BACKEND_REF,
     .name = "ref",
@@ -64,4 +71,5 @@ const hd_backend_ops hd_ref_backend = {
     .state_read = hd_host_state_read,
     .state_write = hd_host_state_write,
     .step = ref_step,
+    .measure_bandwidth = ref_measure_bandwidth,
 };
