@@ -388,13 +388,14 @@ hd_status hd_model_from_st(hd_st_file *file, const char *source,
     hd_tensor_spec *specs;
     hd_status st;
 
+    if (model)
+        *model = NULL;
     if (!file)
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "file is NULL");
     if (!model) {
         hd_st_close(file);
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL");
     }
-    *model = NULL;
     st = derive_pattern(file, pattern, err, err_size);
     if (st == HD_OK)
         st = derive_experts(file, &experts, err, err_size);
