@@ -328,7 +328,8 @@ HD_API hd_status hd_state_prefill(hd_state *state, size_t rows,
  * Errors (the state and out are untouched): HD_ERR_INVALID_ARGUMENT (NULL),
  * HD_ERR_STATE_MISMATCH (state made for another model), HD_ERR_CACHE_FULL
  * (a model with MLA layers and context == capacity), HD_ERR_NONFINITE (an
- * input value is NaN or infinite).  HD_ERR_BACKEND if a device failed; the
+ * input value is NaN or infinite), checked in that order: when several
+ * apply, the first is returned.  HD_ERR_BACKEND if a device failed; the
  * state is then unspecified and should be reset.
  *
  * NaN or Inf inside weights or state never becomes an index: expert logits
