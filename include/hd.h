@@ -23,6 +23,11 @@
  *    not overlap.
  *  - hd_model_free must not overlap any other call on that model or on its
  *    states, and every state of a model must be freed before the model.
+ *
+ * Misuse that can be detected is a status, never a crash: NULL, a state of
+ * another model, a wrong size, a full cache, an object whose kind does not
+ * match (a state passed as a model) or that hd_*_free already cleared.
+ * A pointer to freed memory cannot be detected in general; do not pass one.
  */
 #ifndef HD_H
 #define HD_H
@@ -253,7 +258,8 @@ typedef struct hd_state hd_state;
 HD_API hd_status hd_state_new(const hd_model *model, size_t capacity,
                               hd_state **state);
 
-/** Frees a state (NULL is fine). */
+/** Frees a state (NULL is fine).  Free every state before its model: a
+ *  state freed after its model is a use after free (not detectable). */
 HD_API void hd_state_free(hd_state *state);
 
 /** Empties the state: zero S and conv caches, context length 0. */
@@ -322,12 +328,16 @@ HD_API hd_status hd_state_prefill(hd_state *state, size_t rows,
  * Errors (the state and out are untouched): HD_ERR_INVALID_ARGUMENT (NULL),
  * HD_ERR_STATE_MISMATCH (state made for another model), HD_ERR_CACHE_FULL
  * (a model with MLA layers and context == capacity), HD_ERR_NONFINITE (an
- * input value is NaN or infinite).  HD_ERR_BACKEND if a device failed; the
+ * input value is NaN or infinite), checked in that order: when several
+ * apply, the first is returned.  HD_ERR_BACKEND if a device failed; the
  * state is then unspecified and should be reset.
  *
  * NaN or Inf inside weights or state never becomes an index: expert logits
  * that are NaN rank below every number (ties go to the lower index), so the
- * chosen experts are always valid; such values simply propagate.
+ * chosen experts are always 8 valid, distinct indices; such values simply
+ * propagate through the arithmetic into h_out and the state, and the step
+ * returns HD_OK (docs/ROBUSTNESS.md).  A state holding NaN stays usable:
+ * export, import, prefill and reset work on it as on any other.
  */
 HD_API hd_status hd_step(const hd_model *model, hd_state *state,
                          const uint16_t *in_bf16, uint16_t *out_bf16);

@@ -378,37 +378,38 @@ static hd_status bind_file(hd_model *m, const hd_tensor_spec *specs,
     return HD_OK;
 }
 
-hd_status hd_model_load(const char *path, const hd_options *options,
-                        hd_model **model, char *err, size_t err_size)
+hd_status hd_model_from_st(hd_st_file *file, const char *source,
+                           const hd_options *options, hd_model **model,
+                           char *err, size_t err_size)
 {
-    hd_st_file file;
     char pattern[HD_MAX_LAYERS + 1];
     int experts = 0;
     hd_model *m;
     hd_tensor_spec *specs;
     hd_status st;
 
-    if (!model)
+    if (model)
+        *model = NULL;
+    if (!file)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "file is NULL");
+    if (!model) {
+        hd_st_close(file);
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL");
-    *model = NULL;
-    if (!path)
-        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "path is NULL");
-    st = hd_st_open(path, &file, err, err_size);
-    if (st != HD_OK)
-        return st;
-    st = derive_pattern(&file, pattern, err, err_size);
+    }
+    st = derive_pattern(file, pattern, err, err_size);
     if (st == HD_OK)
-        st = derive_experts(&file, &experts, err, err_size);
+        st = derive_experts(file, &experts, err, err_size);
     if (st != HD_OK) {
-        hd_st_close(&file);
+        hd_st_close(file);
         return st;
     }
     m = model_new(pattern, experts);
     if (!m) {
-        hd_st_close(&file);
+        hd_st_close(file);
         return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    m->file = file; /* the model owns the mapping from here on */
+    m->file = *file; /* the model owns the mapping from here on */
+    memset(file, 0, sizeof *file);
     specs = model_layout(m, err, err_size, &st);
     if (!specs) {
         model_destroy(m);
@@ -421,7 +422,7 @@ hd_status hd_model_load(const char *path, const hd_options *options,
         st = bind_file(m, specs, err, err_size);
     free(specs);
     if (st == HD_OK) {
-        snprintf(m->source, sizeof m->source, "%s", path);
+        snprintf(m->source, sizeof m->source, "%s", source ? source : "memory");
         st = model_start_backend(m, options, err, err_size);
     }
     if (st != HD_OK) {
@@ -430,6 +431,23 @@ hd_status hd_model_load(const char *path, const hd_options *options,
     }
     *model = m;
     return HD_OK;
+}
+
+hd_status hd_model_load(const char *path, const hd_options *options,
+                        hd_model **model, char *err, size_t err_size)
+{
+    hd_st_file file;
+    hd_status st;
+
+    if (!model)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "model is NULL");
+    *model = NULL;
+    if (!path)
+        return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "path is NULL");
+    st = hd_st_open(path, &file, err, err_size);
+    if (st != HD_OK)
+        return st;
+    return hd_model_from_st(&file, path, options, model, err, err_size);
 }
 
 hd_status hd_model_save(const hd_model *model, const char *path, char *err,

@@ -92,4 +92,14 @@ struct hd_model {
     int device;
 };
 
+/* Validates a parsed safetensors file as a model of the motif and starts
+ * its backend (the body of hd_model_load, without the file system; the
+ * fuzz target uses it on an in-memory image).  Takes ownership of *file in
+ * every case: on success the model holds it, on failure it is closed; *file
+ * is zeroed either way.  *model must be NULL on entry and stays NULL on
+ * failure.  `source` names the origin in messages (NULL: "memory"). */
+hd_status hd_model_from_st(hd_st_file *file, const char *source,
+                           const hd_options *options, hd_model **model,
+                           char *err, size_t err_size);
+
 #endif /* HD_MODEL_H */

@@ -669,6 +669,102 @@ START_TEST(test_in_place_step)
 }
 END_TEST
 
+/* ---- misuse ------------------------------------------------------------- */
+
+/* hd_options from an older or foreign caller: struct_size below what this
+ * library knows is refused; invalid fields are refused; the model stays
+ * NULL. */
+START_TEST(test_options_misuse)
+{
+    hd_options opt;
+    char err[256];
+    static const size_t small[] = {1, sizeof(size_t), sizeof(hd_options) - 1};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        tu_options_ref(&opt);
+        opt.struct_size = small[i];
+        hd_model *m = (hd_model *)&opt;
+        err[0] = 0;
+        ST_EQ(hd_model_synth(1, 8, "M", &opt, &m, err, sizeof err),
+              HD_ERR_INVALID_ARGUMENT);
+        ck_assert_ptr_eq(m, NULL);
+        ck_assert_msg(strstr(err, "struct_size") != NULL, "message '%s'", err);
+    }
+    tu_options_ref(&opt);
+    opt.threads = -1;
+    hd_model *m = (hd_model *)&opt;
+    ST_EQ(hd_model_synth(1, 8, "M", &opt, &m, err, sizeof err),
+          HD_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_eq(m, NULL);
+    tu_options_ref(&opt);
+    opt.device = -3;
+    ST_EQ(hd_model_synth(1, 8, "M", &opt, &m, err, sizeof err),
+          HD_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_eq(m, NULL);
+    tu_options_ref(&opt);
+    opt.backend = (hd_backend)99;
+    ck_assert_int_ne(hd_model_synth(1, 8, "M", &opt, &m, err, sizeof err), HD_OK);
+    ck_assert_ptr_eq(m, NULL);
+    ck_assert_int_ne(hd_backend_available((hd_backend)99, NULL, 0), HD_OK);
+    ck_assert_int_ne(hd_backend_available((hd_backend)-1, NULL, 0), HD_OK);
+}
+END_TEST
+
+/* What a freed object looks like where it can be detected: hd_*_free
+ * clears the magic number.  Reading freed memory is undefined, so this
+ * uses objects whose magic is cleared (zeroed memory) and objects of the
+ * other kind (a state passed as a model and the reverse): every call
+ * refuses them and the live objects are untouched. */
+START_TEST(test_dead_and_foreign_objects)
+{
+    static uint64_t zeros[16384]; /* larger than any of the structs */
+    const hd_model *dead_model = (const hd_model *)(void *)zeros;
+    hd_state *dead_state = (hd_state *)(void *)zeros;
+    hd_state *s = stepped_state(4);
+    tu_snapshot *before = tu_snapshot_take(g_km, s);
+    uint16_t in[D], out[D];
+    tu_input(1, 1, in);
+
+    hd_state *n = (hd_state *)&n;
+    ST_EQ(hd_state_new(dead_model, 4, &n), HD_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_eq(n, NULL);
+    ST_EQ(hd_step(dead_model, s, in, out), HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_step(g_km, dead_state, in, out), HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_state_reset(dead_state), HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_state_prefill(dead_state, 0, NULL, NULL), HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_state_import(dead_state, 0, HD_STATE_S, in, 0),
+          HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_model_save(dead_model, "hdtest-never.safetensors", NULL, 0),
+          HD_ERR_INVALID_ARGUMENT);
+    ck_assert_uint_eq(hd_state_context(dead_state), 0);
+    ck_assert_int_eq(hd_model_layers(dead_model), 0);
+    ck_assert_str_eq(hd_model_backend_info(dead_model), "");
+    hd_state_free(dead_state);           /* ignored */
+    hd_model_free((hd_model *)dead_model); /* ignored */
+
+    /* Type confusion: the magic numbers differ per kind. */
+    ST_EQ(hd_state_new((const hd_model *)(void *)s, 4, &n),
+          HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_step((const hd_model *)(void *)s, s, in, out),
+          HD_ERR_INVALID_ARGUMENT);
+    ST_EQ(hd_step(g_km, (hd_state *)(void *)g_km, in, out),
+          HD_ERR_INVALID_ARGUMENT);
+    hd_model_free((hd_model *)(void *)s); /* not a model: ignored */
+    hd_state_free((hd_state *)(void *)g_km); /* not a state: ignored */
+
+    /* Frees of NULL, repeated. */
+    hd_state_free(NULL);
+    hd_state_free(NULL);
+    hd_model_free(NULL);
+    hd_model_free(NULL);
+
+    assert_unchanged(s, before, "calls with dead or foreign objects");
+    ck_assert_int_eq(hd_model_layers(g_km), 2); /* still alive */
+    tu_step(g_km, s, in, out);
+    tu_snapshot_free(before);
+    hd_state_free(s);
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -697,6 +793,8 @@ static Suite *api_suite(void)
     tcase_add_test(tc, test_state_mismatch);
     tcase_add_test(tc, test_nonfinite_input);
     tcase_add_test(tc, test_in_place_step);
+    tcase_add_test(tc, test_options_misuse);
+    tcase_add_test(tc, test_dead_and_foreign_objects);
     suite_add_tcase(s, tc);
     return s;
 }
