@@ -57,7 +57,7 @@ template <int TW, int NM>
 __device__ void gemv_tile(const MatTile (&m)[NM], int KC, float *red, float *out)
 {
     constexpr int SLOTS = HDC_THREADS / TW;
-    constexpr int UNR = NM >= 4 ? 2 : (NM == 1 ? 5 : 9 / NM);
+    constexpr int UNR = NM >= 8 ? 1 : NM >= 4 ? 2 : (NM == 1 ? 5 : 9 / NM);
     const int col = threadIdx.x % TW, slot = threadIdx.x / TW;
     float acc[NM];
 #pragma unroll

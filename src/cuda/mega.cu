@@ -8,7 +8,7 @@
 #include "mla.cuh"
 #include "moe.cuh"
 
-__global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const StepParams P)
+__global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
 {
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
