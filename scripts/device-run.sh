@@ -48,11 +48,13 @@ for stage in "$@"; do
     t0=$(date +%s)
     case $stage in
     check)
-        make -j16 check >"$OUT/check.log" 2>&1
+        # The other suites passed here before; the CUDA suite is the one
+        # that needs this machine.
+        make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" >"$OUT/check.log" 2>&1
         rc=$?
         cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
         grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
-        grep -E "golden .: output max|rel L2 .*E 256|Checks" tests/test_cuda.log | tail -12
+        grep -E "golden .: output max|Checks|:F:|:E:" tests/test_cuda.log | tail -12 | tee -a "$summary"
         note "check rc=$rc"
         ;;
     quick)
@@ -62,20 +64,17 @@ for stage in "$@"; do
         ;;
     sanitize)
         for tool in memcheck racecheck; do
-            LD_LIBRARY_PATH=$ld_b timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
-                $b/tools/.libs/hd-run --backend cuda --experts 16 --context 40 --steps 1 -q \
+            LD_LIBRARY_PATH=$ld_b timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+                $b/tools/.libs/hd-run --backend cuda --experts 16 --context 40 --steps 2 -q \
                 >"$OUT/sanitize-$tool.log" 2>&1
             note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | head -2 | tr '\n' ' ')"
         done
         ;;
     bench)
-        for c in 0 4096 32768; do
-            LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 $c 40 2>&1 | tee -a "$OUT/bench.log" | grep bench | tee -a "$summary"
-            [ -x $b/tests/.libs/bench_cuda ] || $b/tests/bench_cuda 256 $c 40 | tee -a "$summary"
-        done
-        for c in 0 4096 32768; do
-            $run --backend cuda --experts 256 --context $c --steps 40 -q 2>&1 | sed "s/^/hd-run ctx=$c /" | tee -a "$summary"
-        done
+        LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 40 cuda 0 4096 32768 \
+            >"$OUT/bench.log" 2>&1
+        grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
+        grep "^phases" "$OUT/bench.log"
         ;;
     seed)
         PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \

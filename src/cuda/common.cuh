@@ -118,27 +118,58 @@ __device__ __forceinline__ void xs_chunk_sums(float *xs, int n)
 __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
                            const uint16_t *weight, float *xs, float *red)
 {
-    float v[(HDC_D + HDC_THREADS - 1) / HDC_THREADS];
+    constexpr int NV = (HDC_D + HDC_THREADS - 1) / HDC_THREADS;
+    float v[NV];
     float ss = 0.0f;
-    int j = 0;
-    for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS, j++) {
-        v[j] = hin ? bf16f(hin[i]) : ldcg(h + i);
-        ss += v[j] * v[j];
+#pragma unroll
+    for (int j = 0; j < NV; j++) { /* all loads in flight at once */
+        int i = threadIdx.x + j * HDC_THREADS;
+        v[j] = i < HDC_D ? (hin ? bf16f(hin[i]) : ldcg(h + i)) : 0.0f;
     }
+#pragma unroll
+    for (int j = 0; j < NV; j++)
+        ss += v[j] * v[j];
     ss = block_sum(ss, red);
     float inv = 1.0f / sqrtf(ss / (float)HDC_D + 1e-6f);
-    j = 0;
-    for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS, j++)
-        xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = bfr(v[j] * inv * bf16f(weight[i]));
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int i = threadIdx.x + j * HDC_THREADS;
+        if (i < HDC_D)
+            xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = bfr(v[j] * inv * bf16f(weight[i]));
+    }
     xs_chunk_sums(xs, HDC_D);
 }
 
-/* A vector of n values other CTAs wrote (global) into the padded layout. */
-__device__ void load_xs(const float *src, int n, float *xs)
+/* A vector of N values other CTAs wrote (global) into the padded layout,
+ * every thread's loads in flight at once. */
+template <int N>
+__device__ void load_xs(const float *src, float *xs)
 {
-    for (int i = threadIdx.x; i < n; i += HDC_THREADS)
-        xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = ldcg(src + i);
-    xs_chunk_sums(xs, n);
+    constexpr int NV = (N + HDC_THREADS - 1) / HDC_THREADS;
+    float v[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int i = threadIdx.x + j * HDC_THREADS;
+        v[j] = i < N ? ldcg(src + i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int i = threadIdx.x + j * HDC_THREADS;
+        if (i < N)
+            xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = v[j];
+    }
+    xs_chunk_sums(xs, N);
+}
+
+/* Phase timestamps (CTA 0, thread 0), read by HD_CUDA_PHASES=1. */
+__device__ __forceinline__ void phase_mark(unsigned long long *t, int &k)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0 && k < 127) {
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        t[k] = ns;
+    }
+    k++;
 }
 
 #endif

@@ -3,12 +3,11 @@
  * The CTA's 512 threads form 512/TW slots of TW threads; thread (slot, col)
  * streams 16-byte words (32 weights of one column) of chunks slot, slot +
  * SLOTS, ... with all its loads of a batch in flight before it uses them.
- * Dequantization stays in registers: the nibble becomes a float by a byte
- * permute into 2^23 + q and one subtraction, and the group's zero and scale
- * are applied once per 32 weights through the chunk sum of x:
- *   sum_k x_k (q_k - z) s = s (sum_k x_k q_k - z sum_k x_k).
- * (The per-weight bf16 rounding of SEMANTICS.md is skipped: within the
- * tolerances, see docs/PERF-CUDA.md.)  The slots' partial sums are reduced
+ * Dequantization stays in registers, two weights at a time in bf16x2
+ * arithmetic with SEMANTICS.md's rounding (wpair), accumulation in fp32.
+ * (A first version skipped the per-weight rounding through chunk sums of x;
+ * its router flipped experts too often: docs/PERF-CUDA.md.)  The slots'
+ * partial sums are reduced
  * in a fixed order, so results do not change from run to run. */
 #ifndef HD_CUDA_GEMV_CUH
 #define HD_CUDA_GEMV_CUH
@@ -28,26 +27,48 @@ __device__ __forceinline__ float nib(uint32_t v, int b)
            8388608.0f;
 }
 
+/* Two weights bf((q - z) * s) from the nibbles at bits 0-3 and 16-19 of v,
+ * exactly as SEMANTICS.md rounds them: 0x4300 | q is the bf16 128 + q, and
+ * bf16x2 arithmetic rounds once (q - z is exact for bf16 zeros of the
+ * motif's form, (q - z) * s is rounded to nearest even). */
+__device__ __forceinline__ float2 wpair(uint32_t v, __nv_bfloat162 z2,
+                                        __nv_bfloat162 s2)
+{
+    uint32_t b = (v & 0x000F000Fu) | 0x43004300u;
+    __nv_bfloat162 q = *reinterpret_cast<__nv_bfloat162 *>(&b);
+    q = __hsub2(q, __floats2bfloat162_rn(128.0f, 128.0f));
+    q = __hmul2(__hsub2(q, z2), s2);
+    uint32_t r = *reinterpret_cast<uint32_t *>(&q);
+    return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+}
+
 __device__ __forceinline__ float chunk_dot(uint4 q, uint32_t sz, const float *x)
 {
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
     uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    uint32_t sb = sz & 0xffffu, zb = sz >> 16;
+    uint32_t s2b = sb | (sb << 16), z2b = zb | (zb << 16);
+    __nv_bfloat162 s2 = *reinterpret_cast<__nv_bfloat162 *>(&s2b);
+    __nv_bfloat162 z2 = *reinterpret_cast<__nv_bfloat162 *>(&z2b);
     float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
+        uint32_t w = words[i];
         float4 xa = x4[2 * i], xb = x4[2 * i + 1];
-        d0 = fmaf(xa.x, nib(lo, 0), d0);
-        d1 = fmaf(xb.x, nib(hi, 0), d1);
-        d0 = fmaf(xa.y, nib(lo, 1), d0);
-        d1 = fmaf(xb.y, nib(hi, 1), d1);
-        d0 = fmaf(xa.z, nib(lo, 2), d0);
-        d1 = fmaf(xb.z, nib(hi, 2), d1);
-        d0 = fmaf(xa.w, nib(lo, 3), d0);
-        d1 = fmaf(xb.w, nib(hi, 3), d1);
+        float2 p0 = wpair(w, z2, s2);       /* k = 8i + 0, 8i + 2 */
+        float2 p1 = wpair(w >> 4, z2, s2);  /* k = 8i + 4, 8i + 6 */
+        float2 p2 = wpair(w >> 8, z2, s2);  /* k = 8i + 1, 8i + 3 */
+        float2 p3 = wpair(w >> 12, z2, s2); /* k = 8i + 5, 8i + 7 */
+        d0 = fmaf(xa.x, p0.x, d0);
+        d1 = fmaf(xa.z, p0.y, d1);
+        d0 = fmaf(xb.x, p1.x, d0);
+        d1 = fmaf(xb.z, p1.y, d1);
+        d0 = fmaf(xa.y, p2.x, d0);
+        d1 = fmaf(xa.w, p2.y, d1);
+        d0 = fmaf(xb.y, p3.x, d0);
+        d1 = fmaf(xb.w, p3.y, d1);
     }
-    float scale = __uint_as_float(sz << 16), zero = __uint_as_float(sz & 0xffff0000u);
-    return scale * ((d0 + d1) - zero * x[32]);
+    return d0 + d1;
 }
 
 /* out[j * TW + c] = sum_k x_j[k] w_j[k][n0_j + c] for the NM maps, all with

@@ -63,6 +63,7 @@ struct StepParams {
     float *ff;     /* [9][1024] expert activations (8 routed, shared) */
     float *route;  /* [16]: 8 expert indices (as float bits) + 8 weights */
     unsigned *bar; /* [2] grid barrier: count, generation */
+    unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
 };
 
 /* mega.cu */

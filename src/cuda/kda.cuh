@@ -124,7 +124,7 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     if (blockIdx.x >= HDC_D / 16)
         return;
-    load_xs(P.attn, HDC_A, xs);
+    load_xs<HDC_A>(P.attn, xs);
     for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
         int n0 = task * 16;
         MatTile m[1] = {mat_tile(o, 0, n0, xs)};

@@ -12,6 +12,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
 {
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
+    int mark = 0;
+    phase_mark(P.timers, mark);
 
     for (int l = 0; l < P.n_layers; l++) {
         const LayerDev &L = P.layers[l];
@@ -19,28 +21,38 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         if (L.kind == 'K') {
             kda_proj(P, L, first, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             kda_delta(P, L, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             out_proj(P, L.p[4], sm);
         } else {
             mla_proj(P, L, first, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             mla_absorb(P, L, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             mla_attend(P, L, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
             grid_sync(P.bar);
+            phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm);
         }
         grid_sync(P.bar);
+        phase_mark(P.timers, mark);
         moe_router(P, L, sm);
         grid_sync(P.bar);
+        phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
         grid_sync(P.bar);
+        phase_mark(P.timers, mark);
         moe_down(P, L, last, sm);
         if (!last)
             grid_sync(P.bar);
+        phase_mark(P.timers, mark);
     }
 }
 

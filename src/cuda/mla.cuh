@@ -9,6 +9,7 @@
 #define MLA_Q 6144   /* 32 heads x 192 */
 #define MLA_KV 576   /* 512 latent + 64 rope */
 #define MLA_TB 32    /* tokens per block of the attention */
+#define MERGE_STATS 16384 /* floats: where the merge keeps split statistics */
 
 /* RoPE of the pair (e, o) at rope index r, position pos: this thread's
  * half (odd = the second value). */
@@ -84,8 +85,8 @@ __device__ __noinline__ void mla_absorb(const StepParams &P, const LayerDev &L, 
                 uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
-                    v[i * 8 + b] = ((nib(lo, b) - zero) * scale) * qn;
-                    v[i * 8 + 4 + b] = ((nib(hi, b) - zero) * scale) * qn;
+                    v[i * 8 + b] = bfr((nib(lo, b) - zero) * scale) * qn;
+                    v[i * 8 + 4 + b] = bfr((nib(hi, b) - zero) * scale) * qn;
                 }
             }
 #pragma unroll
@@ -155,19 +156,33 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
 
     for (int tb = t0; tb < t1; tb += MLA_TB) {
         const int nt = min(MLA_TB, t1 - tb);
-        /* a. the block's rows as fp32: 64 + 8 pieces of 8 values a token */
-        for (int i = threadIdx.x; i < nt * 72; i += HDC_THREADS) {
-            int t = i / 72, pc = i % 72;
-            const uint4 *src = pc < 64
-                ? reinterpret_cast<const uint4 *>(ckv + (size_t)(tb + t) * 512) + pc
-                : reinterpret_cast<const uint4 *>(kr + (size_t)(tb + t) * 64) + (pc - 64);
-            uint4 v = __ldcg(src);
-            float *dst = cb + t * MLA_KV + pc * 8;
-            uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+        /* a. the block's rows as fp32: 64 + 8 pieces of 8 values a token,
+         * all of a thread's loads in flight at once */
+        {
+            uint4 v[5];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                dst[2 * k] = __uint_as_float(wv[k] << 16);
-                dst[2 * k + 1] = __uint_as_float(wv[k] & 0xffff0000u);
+            for (int u = 0; u < 5; u++) {
+                int i = threadIdx.x + u * HDC_THREADS;
+                if (i < nt * 72) {
+                    int t = i / 72, pc = i % 72;
+                    const uint4 *src = pc < 64
+                        ? reinterpret_cast<const uint4 *>(ckv + (size_t)(tb + t) * 512) + pc
+                        : reinterpret_cast<const uint4 *>(kr + (size_t)(tb + t) * 64) + (pc - 64);
+                    v[u] = __ldcg(src);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 5; u++) {
+                int i = threadIdx.x + u * HDC_THREADS;
+                if (i < nt * 72) {
+                    float *dst = cb + (i / 72) * MLA_KV + (i % 72) * 8;
+                    uint32_t wv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        dst[2 * k] = __uint_as_float(wv[k] << 16);
+                        dst[2 * k + 1] = __uint_as_float(wv[k] & 0xffff0000u);
+                    }
+                }
             }
         }
         __syncthreads();
@@ -256,17 +271,40 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const int T = P.pos + 1;
     for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
+        /* The splits' statistics, loaded in parallel, then their weights. */
+        float *st_m = sm + MERGE_STATS, *st_l = st_m + 1024;
+        int ns = 0;
+        while (ns < P.nsplit && ns < 1024 && ns * P.split_len < T)
+            ns++;
+        for (int s = threadIdx.x; s < ns; s += HDC_THREADS) {
+            st_m[s] = ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + 512);
+            st_l[s] = ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + 513);
+        }
+        __syncthreads();
         float M = -INFINITY;
-        for (int s = 0; s < P.nsplit && s * P.split_len < T; s++)
-            M = fmaxf(M, ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + 512));
+        for (int s = 0; s < ns; s++)
+            M = fmaxf(M, st_m[s]);
         float num = 0.0f, den = 0.0f;
-        int d = threadIdx.x;
-        for (int s = 0; s < P.nsplit && s * P.split_len < T; s++) {
-            const float *pp = P.parts + ((size_t)s * 32 + hh) * HDC_PART;
-            float m = ldcg(pp + 512);
+        const int d = threadIdx.x;
+        int s = 0;
+        for (; s + 4 <= ns; s += 4) {
+            float a[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                a[u] = ldcg(P.parts + ((size_t)(s + u) * 32 + hh) * HDC_PART + d);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float m = st_m[s + u];
+                float e = m == -INFINITY ? 0.0f : expf(m - M);
+                den += e * st_l[s + u];
+                num += e * a[u];
+            }
+        }
+        for (; s < ns; s++) {
+            float m = st_m[s];
             float e = m == -INFINITY ? 0.0f : expf(m - M);
-            den += e * ldcg(pp + 513);
-            num += e * ldcg(pp + d);
+            den += e * st_l[s];
+            num += e * ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + d);
         }
         xs[(d >> 5) * HDC_XS_STRIDE + (d & 31)] = num / den;
         xs_chunk_sums(xs, 512);

@@ -217,8 +217,8 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
     cm->parts_splits = (size_t)cm->grid;
     nf = HD_HIDDEN + 4 * 4096 + 32 + 4096 + 6144 + 32 * 512 + pad256(E * 4) / 4 +
          9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART;
-    CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256));
-    CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256));
+    CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
+    CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
     f = (float *)cm->scratch;
     {
         StepParams &p = cm->base;
@@ -239,6 +239,7 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.hin = (const uint16_t *)f;
         p.hout = (uint16_t *)f + HD_HIDDEN;
         p.bar = (unsigned *)((uint16_t *)f + 2 * HD_HIDDEN);
+        p.timers = (unsigned long long *)((uint8_t *)p.bar + 256);
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     snprintf(model->backend_info, sizeof model->backend_info,
@@ -385,6 +386,30 @@ static hd_status cuda_state_write(hd_state *state, int layer,
                ? HD_OK : HD_ERR_BACKEND;
 }
 
+/* HD_CUDA_PHASES=1: the time of every phase of the last step (CTA 0's view,
+ * barrier to barrier), to stderr. */
+static void print_phases(const hd_model *model, const StepParams *p,
+                         cudaStream_t stream)
+{
+    static const char *const kda[] = {"proj", "delta", "o_proj", "router", "experts", "down"};
+    static const char *const mla[] = {"proj", "absorb", "attend", "merge", "o_proj",
+                                      "router", "experts", "down"};
+    unsigned long long t[128];
+    int k = 1;
+    if (cudaMemcpyAsync(t, p->timers, sizeof t, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+        return;
+    fprintf(stderr, "phases (us):");
+    for (int l = 0; l < model->n_layers && k < 128; l++) {
+        bool K = model->layers[l].kind == 'K';
+        int n = K ? 6 : 8;
+        for (int i = 0; i < n && k < 128; i++, k++)
+            fprintf(stderr, " %d%c.%s=%.1f", l, model->layers[l].kind, K ? kda[i] : mla[i],
+                    (double)(t[k] - t[k - 1]) * 1e-3);
+    }
+    fprintf(stderr, " total=%.1f\n", (double)(t[k - 1] - t[0]) * 1e-3);
+}
+
 static hd_status cuda_step(const hd_model *model, hd_state *state,
                            const uint16_t *in, uint16_t *out)
 {
@@ -421,6 +446,8 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
                             cm->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(cm->stream);
+    if (e == cudaSuccess && getenv("HD_CUDA_PHASES"))
+        print_phases(model, &p, cm->stream);
     if (e != cudaSuccess) {
         /* Put the barrier back at rest for a later launch. */
         cudaMemsetAsync(p.bar, 0, 8, cm->stream);

@@ -70,9 +70,19 @@ __device__ __forceinline__ bool ranks_above(float av, int ai, float bv, int bi)
 }
 
 /* Top-8 of the logits into sel[8] / wt[8] (shared memory), by warp 0; the
- * indices are always 8 distinct values in [0, E).  Ends with a barrier. */
-__device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt)
+ * indices are always 8 distinct values in [0, E).  The logits are first
+ * staged in shared memory (stage: room for TOP8_STAGE) by all threads.
+ * Ends with a barrier. */
+#define TOP8_STAGE 4096
+__device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
+                                  float *stage)
 {
+    const bool staged = P.experts <= TOP8_STAGE;
+    if (staged) {
+        for (int e = threadIdx.x; e < P.experts; e += HDC_THREADS)
+            stage[e] = ldcg(P.logits + e);
+        __syncthreads();
+    }
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         for (int j = 0; j < 8; j++) {
@@ -82,7 +92,7 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt)
                 bool taken = false;
                 for (int i = 0; i < j; i++)
                     taken |= sel[i] == e;
-                float v = ldcg(P.logits + e);
+                float v = staged ? stage[e] : ldcg(P.logits + e);
                 if (!taken && ranks_above(v, e, bv, bi)) {
                     bv = v;
                     bi = e;
@@ -124,7 +134,7 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     int *sel = reinterpret_cast<int *>(sm + SM_MISC + 32);
     float *wt = sm + SM_MISC + 40;
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
-    top8(P, sel, wt);
+    top8(P, sel, wt, red);
     if (blockIdx.x == 0 && threadIdx.x < 8) {
         P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
         P.route[8 + threadIdx.x] = wt[threadIdx.x];
@@ -147,9 +157,7 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     if (blockIdx.x >= HDC_D / 16)
         return;
-    for (int i = threadIdx.x; i < 9 * MOE_I; i += HDC_THREADS)
-        xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = ldcg(P.ff + i);
-    xs_chunk_sums(xs, 9 * MOE_I);
+    load_xs<9 * MOE_I>(P.ff, xs);
     int sel[8];
     float wt[8];
 #pragma unroll
