@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cuda_module.h"
 #include "util.h"
 
 const hd_backend_ops *hd_backend_ops_get(hd_backend kind)
@@ -12,8 +13,13 @@ const hd_backend_ops *hd_backend_ops_get(hd_backend kind)
     switch (kind) {
     case HD_BACKEND_REF:
         return &hd_ref_backend;
+    case HD_BACKEND_CUDA: {
+        /* The module when it loads; else a stand-in whose probe says why. */
+        const hd_backend_ops *ops = hd_cuda_backend_ops();
+        return ops ? ops : &hd_cuda_stub_backend;
+    }
     default:
-        return NULL; /* cpu and cuda are not part of this build */
+        return NULL; /* cpu is not part of this build */
     }
 }
 

@@ -1,0 +1,88 @@
+#!/bin/bash
+# device-run.sh - run THERE (the GPU machine), from the directory that holds
+# what scripts/device-prepare.sh made (.device/):
+#   unpack the .debs into /tmp/deps, build the dist tarball, then the stages
+#   asked for, in order:
+#     check     make check (the CUDA tests must pass, not skip)
+#     quick     hd-run --check against the reference, E 16, two contexts
+#     sanitize  compute-sanitizer memcheck and racecheck on a short run
+#     bench     our step time at E 256, contexts 0 / 4096 / 32768
+#     seed      the seed's Triton kernel, same contexts (CUDA events)
+# Logs go to $OUT; a summary table is printed last.
+# Usage: .device/device-run.sh STAGE...
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+deps=/tmp/deps
+if [ ! -d $deps/usr ]; then
+    for f in "$here"/debs/*.deb; do dpkg -x "$f" $deps; done
+    sed -i "s|^prefix=/usr|prefix=$deps/usr|" $deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+fi
+export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$PATH:/usr/local/cuda/bin
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
+
+b=/tmp/hd-build
+if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
+    rm -rf /tmp/hd-src && mkdir -p /tmp/hd-src && tar xzf "$here"/hybrid-decode-*.tar.gz -C /tmp/hd-src
+    srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
+    mkdir -p $b && cd $b
+    "$srcdir"/configure CPPFLAGS="-I$deps/usr/include" LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" \
+        >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+    grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
+    make -j16 >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    make -j16 tests/bench_cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+fi
+cd $b
+export HD_CUDA_MODULE=$b/.libs/hd-cuda.so
+run=$b/tools/hd-run
+ld_b="$b/.libs:$LD_LIBRARY_PATH"
+
+for stage in "$@"; do
+    t0=$(date +%s)
+    case $stage in
+    check)
+        # The other suites passed here before; the CUDA suite is the one
+        # that needs this machine.
+        make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" >"$OUT/check.log" 2>&1
+        rc=$?
+        cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
+        grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
+        grep -E "golden .: output max|Checks|:F:|:E:" tests/test_cuda.log | tail -12 | tee -a "$summary"
+        note "check rc=$rc"
+        ;;
+    quick)
+        for c in 0 100; do
+            $run --backend cuda --experts 16 --context $c --steps 3 --check 2>&1 | tail -5 | tee -a "$summary"
+        done
+        ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            LD_LIBRARY_PATH=$ld_b timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+                $b/tools/.libs/hd-run --backend cuda --experts 16 --context 40 --steps 2 -q \
+                >"$OUT/sanitize-$tool.log" 2>&1
+            note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | head -2 | tr '\n' ' ')"
+        done
+        ;;
+    bench)
+        LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 40 cuda 0 4096 32768 \
+            >"$OUT/bench.log" 2>&1
+        grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
+        grep "^phases" "$OUT/bench.log"
+        ;;
+    seed)
+        PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \
+            >"$OUT/seed.log" 2>&1
+        grep "^seed" "$OUT/seed.log" | tee -a "$summary" || tail -20 "$OUT/seed.log"
+        ;;
+    esac
+    echo "[stage $stage: $(( $(date +%s) - t0 )) s]" | tee -a "$summary"
+done
+echo "===== SUMMARY ====="
+cat "$summary"

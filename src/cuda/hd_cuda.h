@@ -1,0 +1,81 @@
+/* hd_cuda.h - what the CUDA module's host code and its megakernel share:
+ * the device-side descriptions of the weights, the state and the scratch. */
+#ifndef HD_CUDA_H
+#define HD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#define HDC_THREADS 512          /* threads per CTA (16 warps)            */
+#define HDC_WARPS (HDC_THREADS / 32)
+#define HDC_XS_STRIDE 36         /* floats per 32-value chunk of x in smem */
+#define HDC_PART 516             /* floats per (split, head) partial       */
+#define HDC_SMEM_BYTES (150 * 1024)
+
+/* A quantized linear map repacked for 16-byte loads (see repack.cu):
+ *   w  [K/32][N] uint4: the 32 nibbles of k = 32c .. 32c+31 of column n;
+ *      word i, byte b: low nibble k = 32c + 8i + b, high nibble k + 4;
+ *   sz [K/128][N] uint32: bf16 scale (low half) | bf16 zero (high half).
+ * A bank of `count` maps stores member j at w + j * wstride. */
+struct QMat {
+    const uint4 *w;
+    const uint32_t *sz;
+    int K, N;
+    size_t wstride, szstride; /* in elements of w / sz, for banks */
+};
+
+struct LayerDev {
+    int kind; /* 'K' or 'M' */
+    int slot;
+    const uint16_t *attn_norm, *moe_norm;
+    /* K: q, k, v, g, o.  M: q_proj, kv_a, kv_b, o_proj. */
+    QMat p[5];
+    const uint16_t *beta;   /* bf16 [32][2304] */
+    const uint16_t *conv_w; /* bf16 [3][4096][4] */
+    const uint16_t *router; /* bf16 [E][2304] */
+    QMat gate, up, down;    /* banks of E */
+    QMat sgate, sup, sdown;
+};
+
+/* Everything one launch needs (passed by value). */
+struct StepParams {
+    const LayerDev *layers;
+    int n_layers, experts, last_layer;
+    /* state, by slot */
+    float *const *S;          /* [32][128][128] fp32 */
+    uint16_t *const *conv;    /* [3 (q,k,v)][3][4096] bf16 */
+    uint16_t *const *ckv;     /* [capacity][512] bf16 */
+    uint16_t *const *krope;   /* [capacity][64] bf16 */
+    int pos;                  /* this token's position = rows in the cache */
+    int nsplit, split_len;    /* attention splits over pos + 1 tokens */
+    /* scratch */
+    const uint16_t *hin;
+    uint16_t *hout;
+    float *h;      /* [2304] the hidden vector */
+    float *act;    /* [4][4096]: KDA q, k, v activations, decay */
+    float *beta;   /* [32] */
+    float *attn;   /* [4096] attention output (o_proj input) */
+    float *q;      /* [32][192] MLA query (rounded, rope applied) */
+    float *ql;     /* [32][512] absorbed query */
+    float *parts;  /* [nsplit][32][HDC_PART] attention partials */
+    float *logits; /* [E] */
+    float *ff;     /* [9][1024] expert activations (8 routed, shared) */
+    float *route;  /* [16]: 8 expert indices (as float bits) + 8 weights */
+    unsigned *bar; /* [2] grid barrier: count, generation */
+    unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
+};
+
+/* mega.cu */
+cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm);
+cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream);
+
+/* repack.cu: bytes of the repacked form of one map (all members). */
+size_t hdc_repack_bytes(int k, int n, int count);
+/* Repacks into dst (host memory, hdc_repack_bytes large); the device
+ * pointers of the result, placed at dev_base, go into *m. */
+void hdc_repack(const uint8_t *w_q, const uint16_t *scales,
+                const uint16_t *zeros, int k, int n, int count, void *dst,
+                const void *dev_base, QMat *m);
+
+#endif /* HD_CUDA_H */

@@ -1,0 +1,139 @@
+/* kda.cuh - the phases of a Kimi delta attention layer. */
+#ifndef HD_CUDA_KDA_CUH
+#define HD_CUDA_KDA_CUH
+
+#include "gemv.cuh"
+
+/* Shared-memory map of the GEMV phases (floats). */
+#define SM_XS 0
+#define SM_RED 10368
+#define SM_OUT 14976
+#define SM_MISC 15264
+
+/* Phase 1: x = norm(h); q, k, v, g projections (tiles of 32 columns of all
+ * four, 128 tasks) with the short convolution, its cache shift, silu and
+ * the decay in the epilogue; task 128 computes the 32 betas. */
+__device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bool first,
+                         float *sm)
+{
+    float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    rmsnorm_xs(P.h, first ? P.hin : nullptr, L.attn_norm, xs, sm + SM_MISC);
+    if (first && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
+            P.h[i] = bf16f(P.hin[i]);
+    uint16_t *conv = P.conv[L.slot];
+    for (int task = blockIdx.x; task <= HDC_A / 32; task += gridDim.x) {
+        if (task == HDC_A / 32) {
+            int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+            for (int hh = w; hh < 32; hh += HDC_WARPS) {
+                const uint16_t *b = L.beta + (size_t)hh * HDC_D;
+                float s = 0.0f;
+                for (int t = 0; t < HDC_D / 32; t++)
+                    s += xs[t * HDC_XS_STRIDE + lane] * bf16f(b[t * 32 + lane]);
+                s = warp_sum(s);
+                if (lane == 0)
+                    P.beta[hh] = 1.0f / (1.0f + expf(-bfr(s)));
+            }
+            continue;
+        }
+        int n0 = task * 32;
+        MatTile m[4] = {mat_tile(L.p[0], 0, n0, xs), mat_tile(L.p[1], 0, n0, xs),
+                        mat_tile(L.p[2], 0, n0, xs), mat_tile(L.p[3], 0, n0, xs)};
+        gemv_tile<32, 4>(m, HDC_D / 32, red, out);
+        if (threadIdx.x < 128) {
+            int j = threadIdx.x >> 5, n = n0 + (threadIdx.x & 31);
+            float p = bfr(out[threadIdx.x]);
+            if (j < 3) {
+                uint16_t *c = conv + (size_t)j * 3 * HDC_A;
+                const uint16_t *w = L.conv_w + ((size_t)j * HDC_A + n) * 4;
+                float c0 = bf16f(c[n]), c1 = bf16f(c[HDC_A + n]), c2 = bf16f(c[2 * HDC_A + n]);
+                float y = __fmul_rn(c0, bf16f(w[0]));
+                y = __fadd_rn(y, __fmul_rn(c1, bf16f(w[1])));
+                y = __fadd_rn(y, __fmul_rn(c2, bf16f(w[2])));
+                y = __fadd_rn(y, __fmul_rn(p, bf16f(w[3])));
+                c[n] = c[HDC_A + n];
+                c[HDC_A + n] = c[2 * HDC_A + n];
+                c[2 * HDC_A + n] = f2bf(p);
+                P.act[j * HDC_A + n] = bfr(silu(y));
+            } else {
+                P.act[3 * HDC_A + n] = 1.0f / (1.0f + expf(p));
+            }
+        }
+    }
+}
+
+/* Phase 2: the delta rule, split by 32 value columns (128 tasks): thread
+ * (warp w, lane v) holds S[k][v] for k = 8w .. 8w + 7. */
+__device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, float *sm)
+{
+    float *red = sm;           /* [16][32] */
+    float *red2 = sm + 512;    /* [16][32] */
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float q_scale = 0.08838834764831845f;
+    float *Sbase = P.S[L.slot];
+    for (int task = blockIdx.x; task < 128; task += gridDim.x) {
+        int hh = task >> 2, v0 = (task & 3) * 32;
+        float *S = Sbase + (size_t)hh * 128 * 128 + v0 + lane;
+        float s[8], kk[8], qq[8];
+        float pp = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int k = w * 8 + i;
+            s[i] = S[(size_t)k * 128];
+        }
+        float beta = ldcg(P.beta + hh);
+        float vv = ldcg(P.act + 2 * HDC_A + hh * 128 + v0 + lane);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int k = hh * 128 + w * 8 + i;
+            float dec = ldcg(P.act + 3 * HDC_A + k);
+            kk[i] = ldcg(P.act + HDC_A + k);
+            qq[i] = ldcg(P.act + k) * q_scale;
+            s[i] = s[i] * dec;
+            pp = fmaf(s[i], kk[i], pp);
+        }
+        red[w * 32 + lane] = pp;
+        __syncthreads();
+        float pred = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HDC_WARPS; i++)
+            pred += red[i * 32 + lane];
+        float u = vv - pred, o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s[i] = s[i] + (beta * kk[i]) * u;
+            o = fmaf(s[i], qq[i], o);
+            S[(size_t)(w * 8 + i) * 128] = s[i];
+        }
+        red2[w * 32 + lane] = o;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float t = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HDC_WARPS; i++)
+                t += red2[i * 32 + lane];
+            P.attn[hh * 128 + v0 + lane] = bfr(t);
+        }
+        __syncthreads();
+    }
+}
+
+/* o_proj (K = 4096 -> 2304) and the residual: 144 tasks of 16 columns. */
+__device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float *sm)
+{
+    float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    if (blockIdx.x >= HDC_D / 16)
+        return;
+    load_xs<HDC_A>(P.attn, xs);
+    for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
+        int n0 = task * 16;
+        MatTile m[1] = {mat_tile(o, 0, n0, xs)};
+        gemv_tile<16, 1>(m, HDC_A / 32, red, out);
+        if (threadIdx.x < 16) {
+            int n = n0 + threadIdx.x;
+            P.h[n] = bfr(ldcg(P.h + n) + bfr(out[threadIdx.x]));
+        }
+    }
+}
+
+#endif

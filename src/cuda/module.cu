@@ -1,0 +1,522 @@
+/* module.cu - the CUDA backend's hd_backend_ops and the module's entry
+ * point: probing, weight upload, device state, the step, bandwidth. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "hd_cuda.h"
+#include "cuda_module.h"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+/* One launch at a time in the process: a cooperative grid takes every SM,
+ * and the per-model scratch is shared by the model's states. */
+static pthread_mutex_t step_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct CudaModel {
+    int device, grid;
+    void *weights;           /* one allocation: every repacked tensor */
+    LayerDev *layers;        /* device copy */
+    cudaStream_t stream;
+    /* scratch */
+    void *scratch;
+    StepParams base;         /* scratch pointers filled in */
+    size_t parts_splits;
+};
+
+struct CudaState {
+    float *S[HD_MAX_LAYERS];
+    uint16_t *conv[HD_MAX_LAYERS];
+    uint16_t *ckv[HD_MAX_LAYERS];
+    uint16_t *krope[HD_MAX_LAYERS];
+    void *ptrs; /* device arrays: S, conv, ckv, krope (HD_MAX_LAYERS each) */
+};
+
+static hd_status fail(char *err, size_t n, hd_status st, const char *fmt, ...)
+{
+    if (err && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, n, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static hd_status cuda_probe(char *err, size_t n)
+{
+    int count = 0, drv = 0;
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0)
+        return fail(err, n, HD_ERR_BACKEND_UNAVAILABLE,
+                    "no CUDA driver: %s", e != cudaSuccess ? cudaGetErrorString(e)
+                                                           : "driver not installed");
+    e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return fail(err, n, HD_ERR_BACKEND_UNAVAILABLE,
+                    "cudaGetDeviceCount failed: %s", cudaGetErrorString(e));
+    if (count < 1)
+        return fail(err, n, HD_ERR_BACKEND_UNAVAILABLE, "no CUDA device");
+    for (int d = 0; d < count; d++) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) ==
+                cudaSuccess && major >= 9)
+            return HD_OK;
+    }
+    return fail(err, n, HD_ERR_BACKEND_UNAVAILABLE,
+                "no CUDA device of compute capability 9.0 or newer (the module "
+                "is built for sm_90a with a compute_90 PTX fallback)");
+}
+
+#define CK(call)                                                              \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess) {                                              \
+            st = fail(err, err_size, HD_ERR_BACKEND, "%s: %s", #call,         \
+                      cudaGetErrorString(e_));                                \
+            goto out;                                                         \
+        }                                                                     \
+    } while (0)
+
+static void model_release(CudaModel *cm)
+{
+    if (!cm)
+        return;
+    cudaSetDevice(cm->device);
+    cudaFree(cm->weights);
+    cudaFree(cm->layers);
+    cudaFree(cm->scratch);
+    if (cm->stream)
+        cudaStreamDestroy(cm->stream);
+    delete cm;
+}
+
+/* Bytes of bf16 tensors uploaded as they are. */
+static size_t pad256(size_t b) { return (b + 255) / 256 * 256; }
+
+static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
+{
+    hd_status st = HD_OK;
+    CudaModel *cm = new CudaModel();
+    std::vector<uint8_t> host;
+    size_t total = 0, off = 0;
+    std::vector<LayerDev> ld(model->n_layers);
+    cudaDeviceProp prop;
+    int per_sm = 0, coop = 0;
+    const int E = model->experts;
+    size_t nf;
+    float *f;
+
+    memset(cm, 0, sizeof *cm);
+    cm->device = model->device;
+    CK(cudaSetDevice(cm->device));
+    CK(cudaGetDeviceProperties(&prop, cm->device));
+    if (prop.major < 9) {
+        st = fail(err, err_size, HD_ERR_BACKEND_UNAVAILABLE,
+                  "device %d (%s) has compute capability %d.%d; the CUDA backend "
+                  "needs 9.0 or newer", cm->device, prop.name, prop.major, prop.minor);
+        goto out;
+    }
+    CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cm->device));
+    CK(hdc_kernel_setup(cm->device, &per_sm));
+    if (!coop || per_sm < 1) {
+        st = fail(err, err_size, HD_ERR_BACKEND,
+                  "device %d (%s): the megakernel cannot be co-resident "
+                  "(cooperative launch %s, %d CTAs of %d threads per SM)",
+                  cm->device, prop.name, coop ? "supported" : "unsupported",
+                  per_sm, HDC_THREADS);
+        goto out;
+    }
+    cm->grid = prop.multiProcessorCount; /* one CTA per SM, all co-resident */
+
+    /* Sizes of everything uploaded. */
+    for (int i = 0; i < model->n_layers; i++) {
+        const hd_layer *L = &model->layers[i];
+        const hd_qlinear *q[5];
+        int nq = 0;
+        total += 2 * pad256(HD_HIDDEN * 2);
+        if (L->kind == 'K') {
+            const hd_kda_weights *w = &L->kda;
+            q[0] = &w->q_proj; q[1] = &w->k_proj; q[2] = &w->v_proj;
+            q[3] = &w->g_proj; q[4] = &w->o_proj; nq = 5;
+            total += pad256(32 * HD_HIDDEN * 2) + pad256(3 * 4096 * 4 * 2);
+        } else {
+            const hd_mla_weights *w = &L->mla;
+            q[0] = &w->q_proj; q[1] = &w->kv_a; q[2] = &w->kv_b; q[3] = &w->o_proj;
+            nq = 4;
+        }
+        for (int j = 0; j < nq; j++)
+            total += hdc_repack_bytes(q[j]->k, q[j]->n, q[j]->count);
+        total += pad256((size_t)E * HD_HIDDEN * 2);
+        const hd_qlinear *mq[6] = {&L->moe.gate, &L->moe.up, &L->moe.down,
+                                   &L->moe.s_gate, &L->moe.s_up, &L->moe.s_down};
+        for (int j = 0; j < 6; j++)
+            total += hdc_repack_bytes(mq[j]->k, mq[j]->n, mq[j]->count);
+    }
+    host.resize(total);
+    CK(cudaMalloc(&cm->weights, total));
+    {
+        uint8_t *hb = host.data();
+        const uint8_t *db = (const uint8_t *)cm->weights;
+        auto raw = [&](const void *src, size_t bytes) -> const uint16_t * {
+            memcpy(hb + off, src, bytes);
+            const uint16_t *p = (const uint16_t *)(db + off);
+            off += pad256(bytes);
+            return p;
+        };
+        auto qm = [&](const hd_qlinear *q, QMat *m) {
+            size_t b = hdc_repack_bytes(q->k, q->n, q->count);
+            hdc_repack(q->w_q, q->scales, q->zeros, q->k, q->n, q->count, hb + off,
+                       db + off, m);
+            off += b;
+        };
+        for (int i = 0; i < model->n_layers; i++) {
+            const hd_layer *L = &model->layers[i];
+            LayerDev *d = &ld[i];
+            memset(d, 0, sizeof *d);
+            d->kind = L->kind;
+            d->slot = L->slot;
+            d->attn_norm = raw(L->attn_norm, HD_HIDDEN * 2);
+            d->moe_norm = raw(L->moe_norm, HD_HIDDEN * 2);
+            if (L->kind == 'K') {
+                const hd_kda_weights *w = &L->kda;
+                qm(&w->q_proj, &d->p[0]);
+                qm(&w->k_proj, &d->p[1]);
+                qm(&w->v_proj, &d->p[2]);
+                qm(&w->g_proj, &d->p[3]);
+                qm(&w->o_proj, &d->p[4]);
+                d->beta = raw(w->beta_proj, 32 * HD_HIDDEN * 2);
+                d->conv_w = raw(w->conv_w, 3 * 4096 * 4 * 2);
+            } else {
+                const hd_mla_weights *w = &L->mla;
+                qm(&w->q_proj, &d->p[0]);
+                qm(&w->kv_a, &d->p[1]);
+                qm(&w->kv_b, &d->p[2]);
+                qm(&w->o_proj, &d->p[3]);
+            }
+            d->router = raw(L->moe.router, (size_t)E * HD_HIDDEN * 2);
+            qm(&L->moe.gate, &d->gate);
+            qm(&L->moe.up, &d->up);
+            qm(&L->moe.down, &d->down);
+            qm(&L->moe.s_gate, &d->sgate);
+            qm(&L->moe.s_up, &d->sup);
+            qm(&L->moe.s_down, &d->sdown);
+        }
+    }
+    CK(cudaMemcpy(cm->weights, host.data(), total, cudaMemcpyHostToDevice));
+    std::vector<uint8_t>().swap(host);
+    CK(cudaMalloc((void **)&cm->layers, sizeof(LayerDev) * model->n_layers));
+    CK(cudaMemcpy(cm->layers, ld.data(), sizeof(LayerDev) * model->n_layers,
+                  cudaMemcpyHostToDevice));
+
+    /* Scratch (floats): h, act, beta, attn, q, ql, logits, ff, route,
+     * parts; then hin, hout (bf16) and the barrier. */
+    cm->parts_splits = (size_t)cm->grid;
+    nf = HD_HIDDEN + 4 * 4096 + 32 + 4096 + 6144 + 32 * 512 + pad256(E * 4) / 4 +
+         9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART;
+    CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
+    CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
+    f = (float *)cm->scratch;
+    {
+        StepParams &p = cm->base;
+        memset(&p, 0, sizeof p);
+        p.layers = cm->layers;
+        p.n_layers = model->n_layers;
+        p.experts = E;
+        p.h = f; f += HD_HIDDEN;
+        p.act = f; f += 4 * 4096;
+        p.beta = f; f += 32;
+        p.attn = f; f += 4096;
+        p.q = f; f += 6144;
+        p.ql = f; f += 32 * 512;
+        p.logits = f; f += pad256(E * 4) / 4;
+        p.ff = f; f += 9 * 1024;
+        p.route = f; f += 16;
+        p.parts = f; f += cm->parts_splits * 32 * HDC_PART;
+        p.hin = (const uint16_t *)f;
+        p.hout = (uint16_t *)f + HD_HIDDEN;
+        p.bar = (unsigned *)((uint16_t *)f + 2 * HD_HIDDEN);
+        p.timers = (unsigned long long *)((uint8_t *)p.bar + 256);
+    }
+    CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
+    snprintf(model->backend_info, sizeof model->backend_info,
+             "cuda (%s, %d CTAs x %d threads, one cooperative launch a step)",
+             prop.name, cm->grid, HDC_THREADS);
+    model->backend_ctx = cm;
+    return HD_OK;
+out:
+    model_release(cm);
+    return st;
+}
+
+static void cuda_model_free(hd_model *model)
+{
+    model_release((CudaModel *)model->backend_ctx);
+    model->backend_ctx = NULL;
+}
+
+#define S_BYTES ((size_t)32 * 128 * 128 * 4)
+#define CONV_BYTES ((size_t)3 * 3 * 4096 * 2)
+
+static void state_release(CudaState *cs)
+{
+    if (!cs)
+        return;
+    for (int i = 0; i < HD_MAX_LAYERS; i++) {
+        cudaFree(cs->S[i]);
+        cudaFree(cs->conv[i]);
+        cudaFree(cs->ckv[i]);
+        cudaFree(cs->krope[i]);
+    }
+    cudaFree(cs->ptrs);
+    delete cs;
+}
+
+static hd_status cuda_state_init(hd_state *state)
+{
+    const hd_model *m = state->model;
+    CudaModel *cm = (CudaModel *)m->backend_ctx;
+    CudaState *cs = new CudaState();
+    size_t rows = state->capacity ? state->capacity : 1;
+    void *host[4 * HD_MAX_LAYERS];
+
+    memset(cs, 0, sizeof *cs);
+    if (cudaSetDevice(cm->device) != cudaSuccess)
+        goto fail;
+    for (int i = 0; i < m->n_layers; i++) {
+        int s = m->layers[i].slot;
+        if (m->layers[i].kind == 'K') {
+            if (cudaMalloc((void **)&cs->S[s], S_BYTES) != cudaSuccess ||
+                cudaMalloc((void **)&cs->conv[s], CONV_BYTES) != cudaSuccess ||
+                cudaMemset(cs->S[s], 0, S_BYTES) != cudaSuccess ||
+                cudaMemset(cs->conv[s], 0, CONV_BYTES) != cudaSuccess)
+                goto fail;
+        } else {
+            if (cudaMalloc((void **)&cs->ckv[s], rows * 512 * 2) != cudaSuccess ||
+                cudaMalloc((void **)&cs->krope[s], rows * 64 * 2) != cudaSuccess)
+                goto fail;
+        }
+    }
+    for (int i = 0; i < HD_MAX_LAYERS; i++) {
+        host[i] = cs->S[i];
+        host[HD_MAX_LAYERS + i] = cs->conv[i];
+        host[2 * HD_MAX_LAYERS + i] = cs->ckv[i];
+        host[3 * HD_MAX_LAYERS + i] = cs->krope[i];
+    }
+    if (cudaMalloc(&cs->ptrs, sizeof host) != cudaSuccess ||
+        cudaMemcpy(cs->ptrs, host, sizeof host, cudaMemcpyHostToDevice) != cudaSuccess)
+        goto fail;
+    state->impl = cs;
+    return HD_OK;
+fail:
+    state_release(cs);
+    return HD_ERR_OUT_OF_MEMORY;
+}
+
+static void cuda_state_free(hd_state *state)
+{
+    CudaModel *cm = (CudaModel *)state->model->backend_ctx;
+    cudaSetDevice(cm->device);
+    state_release((CudaState *)state->impl);
+    state->impl = NULL;
+}
+
+static hd_status cuda_state_reset(hd_state *state)
+{
+    const hd_model *m = state->model;
+    CudaState *cs = (CudaState *)state->impl;
+    cudaSetDevice(((CudaModel *)m->backend_ctx)->device);
+    for (int i = 0; i < m->n_kda; i++)
+        if (cudaMemset(cs->S[i], 0, S_BYTES) != cudaSuccess ||
+            cudaMemset(cs->conv[i], 0, CONV_BYTES) != cudaSuccess)
+            return HD_ERR_BACKEND;
+    return HD_OK;
+}
+
+static void *locate(const hd_state *state, int layer, hd_state_tensor which,
+                    size_t rows, size_t *bytes)
+{
+    CudaState *cs = (CudaState *)state->impl;
+    int slot = state->model->layers[layer].slot;
+    const size_t one = (size_t)3 * 4096;
+    switch (which) {
+    case HD_STATE_S:
+        *bytes = S_BYTES;
+        return cs->S[slot];
+    case HD_STATE_CONV_Q:
+    case HD_STATE_CONV_K:
+    case HD_STATE_CONV_V:
+        *bytes = one * 2;
+        return cs->conv[slot] + (size_t)(which - HD_STATE_CONV_Q) * one;
+    case HD_STATE_C_KV:
+        *bytes = rows * 512 * 2;
+        return cs->ckv[slot];
+    case HD_STATE_K_ROPE:
+        *bytes = rows * 64 * 2;
+        return cs->krope[slot];
+    }
+    return NULL;
+}
+
+static hd_status cuda_state_read(const hd_state *state, int layer,
+                                 hd_state_tensor which, size_t rows, void *dst)
+{
+    size_t bytes = 0;
+    void *p = locate(state, layer, which, rows, &bytes);
+    if (!p)
+        return HD_ERR_INTERNAL;
+    cudaSetDevice(((CudaModel *)state->model->backend_ctx)->device);
+    return cudaMemcpy(dst, p, bytes, cudaMemcpyDeviceToHost) == cudaSuccess
+               ? HD_OK : HD_ERR_BACKEND;
+}
+
+static hd_status cuda_state_write(hd_state *state, int layer,
+                                  hd_state_tensor which, size_t rows,
+                                  const void *src)
+{
+    size_t bytes = 0;
+    void *p = locate(state, layer, which, rows, &bytes);
+    if (!p)
+        return HD_ERR_INTERNAL;
+    cudaSetDevice(((CudaModel *)state->model->backend_ctx)->device);
+    return cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess
+               ? HD_OK : HD_ERR_BACKEND;
+}
+
+/* HD_CUDA_PHASES=1: the time of every phase of the last step (CTA 0's view,
+ * barrier to barrier), to stderr. */
+static void print_phases(const hd_model *model, const StepParams *p,
+                         cudaStream_t stream)
+{
+    static const char *const kda[] = {"proj", "delta", "o_proj", "router", "experts", "down"};
+    static const char *const mla[] = {"proj", "absorb", "attend", "merge", "o_proj",
+                                      "router", "experts", "down"};
+    unsigned long long t[128];
+    int k = 1;
+    if (cudaMemcpyAsync(t, p->timers, sizeof t, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+        return;
+    fprintf(stderr, "phases (us):");
+    for (int l = 0; l < model->n_layers && k < 128; l++) {
+        bool K = model->layers[l].kind == 'K';
+        int n = K ? 6 : 8;
+        for (int i = 0; i < n && k < 128; i++, k++)
+            fprintf(stderr, " %d%c.%s=%.1f", l, model->layers[l].kind, K ? kda[i] : mla[i],
+                    (double)(t[k] - t[k - 1]) * 1e-3);
+    }
+    fprintf(stderr, " total=%.1f\n", (double)(t[k - 1] - t[0]) * 1e-3);
+}
+
+static hd_status cuda_step(const hd_model *model, hd_state *state,
+                           const uint16_t *in, uint16_t *out)
+{
+    CudaModel *cm = (CudaModel *)model->backend_ctx;
+    CudaState *cs = (CudaState *)state->impl;
+    StepParams p = cm->base;
+    cudaError_t e;
+    size_t T = state->context + 1;
+
+    p.S = (float *const *)cs->ptrs;
+    p.conv = (uint16_t *const *)((void **)cs->ptrs + HD_MAX_LAYERS);
+    p.ckv = (uint16_t *const *)((void **)cs->ptrs + 2 * HD_MAX_LAYERS);
+    p.krope = (uint16_t *const *)((void **)cs->ptrs + 3 * HD_MAX_LAYERS);
+    p.pos = (int)state->context;
+    if (state->context > (size_t)0x7fffffff - 64)
+        return HD_ERR_BACKEND;
+    /* Splits of at least 32 tokens, at most one per CTA. */
+    {
+        size_t ns = (T + 31) / 32;
+        if (ns > (size_t)cm->grid)
+            ns = (size_t)cm->grid;
+        p.nsplit = (int)ns;
+        p.split_len = (int)((T + ns - 1) / ns);
+    }
+    pthread_mutex_lock(&step_lock);
+    e = cudaSetDevice(cm->device);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync((void *)p.hin, in, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
+                            cm->stream);
+    if (e == cudaSuccess)
+        e = hdc_launch(&p, cm->grid, cm->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(out, p.hout, HD_HIDDEN * 2, cudaMemcpyDeviceToHost,
+                            cm->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cm->stream);
+    if (e == cudaSuccess && getenv("HD_CUDA_PHASES"))
+        print_phases(model, &p, cm->stream);
+    if (e != cudaSuccess) {
+        /* Put the barrier back at rest for a later launch. */
+        cudaMemsetAsync(p.bar, 0, 8, cm->stream);
+        cudaStreamSynchronize(cm->stream);
+        fprintf(stderr, "libhd cuda: step failed: %s\n", cudaGetErrorString(e));
+    }
+    pthread_mutex_unlock(&step_lock);
+    return e == cudaSuccess ? HD_OK : HD_ERR_BACKEND;
+}
+
+/* Device-to-device copy bandwidth, read + write counted, best of 5. */
+static hd_status cuda_measure_bandwidth(const hd_model *model, double *bps)
+{
+    CudaModel *cm = (CudaModel *)model->backend_ctx;
+    const size_t bytes = (size_t)512 << 20;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float best = 0.0f;
+    hd_status st = HD_ERR_BACKEND;
+
+    pthread_mutex_lock(&step_lock);
+    if (cudaSetDevice(cm->device) != cudaSuccess ||
+        cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaMemset(a, 1, bytes) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    for (int r = 0; r < 5; r++) {
+        float ms = 0.0f;
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        if (cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            goto out;
+        if (ms > 0.0f && (best == 0.0f || ms < best))
+            best = ms;
+    }
+    if (best > 0.0f) {
+        *bps = 2.0 * (double)bytes / (best * 1e-3);
+        st = HD_OK;
+    }
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    pthread_mutex_unlock(&step_lock);
+    return st;
+}
+
+static const hd_backend_ops cuda_ops = {
+    HD_BACKEND_CUDA,
+    "cuda",
+    cuda_probe,
+    cuda_model_init,
+    cuda_model_free,
+    cuda_state_init,
+    cuda_state_free,
+    cuda_state_reset,
+    cuda_state_read,
+    cuda_state_write,
+    cuda_step,
+    cuda_measure_bandwidth,
+};
+
+EXPORT const hd_backend_ops *hd_cuda_module_v1(int libhd_abi, int *abi)
+{
+    if (abi)
+        *abi = HD_CUDA_MODULE_ABI;
+    return libhd_abi == HD_CUDA_MODULE_ABI ? &cuda_ops : NULL;
+}
