@@ -12,8 +12,12 @@ const hd_backend_ops *hd_backend_ops_get(hd_backend kind)
     switch (kind) {
     case HD_BACKEND_REF:
         return &hd_ref_backend;
+#ifdef HD_HAVE_CPU_BACKEND
+    case HD_BACKEND_CPU:
+        return &hd_cpu_backend;
+#endif
     default:
-        return NULL; /* cpu and cuda are not part of this build */
+        return NULL; /* not part of this build */
     }
 }
 
