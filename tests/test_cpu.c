@@ -168,7 +168,7 @@ END_TEST
 
 START_TEST(test_kkkm_e64)
 {
-    check_config(12, 64, "KKKM", 129, 16);
+    check_config(12, 64, "KKKM", 129, 6);
 }
 END_TEST
 
