@@ -42,6 +42,7 @@ static void isa_vsincos(const float *a, float *s, float *c, int n)
     }
 }
 
+#define GVW 8
 #include "cpu_kern_generic.h"
 
 /* Bytes ahead to prefetch along a thread's stream of tiles. */

@@ -9,55 +9,54 @@
 #include <math.h>
 #include <string.h>
 
-typedef float gv16 __attribute__((vector_size(64)));
-typedef float gv8 __attribute__((vector_size(32)));
-typedef double gv8d __attribute__((vector_size(64)));
-typedef uint16_t gv16h __attribute__((vector_size(32)));
-typedef uint32_t gv16u __attribute__((vector_size(64)));
+/* GVW: floats per vector, set by the including file to its native width
+ * (wider types are split by the compiler through memory: slow). */
+#ifndef GVW
+#define GVW 4
+#endif
+typedef float gvf __attribute__((vector_size(GVW * 4)));
+typedef double gvd __attribute__((vector_size(GVW * 8)));
+typedef uint16_t gvh __attribute__((vector_size(GVW * 2)));
+typedef uint32_t gvu __attribute__((vector_size(GVW * 4)));
 
-static inline gv16 gload(const float *p)
+static inline gvf gload(const float *p)
 {
-    gv16 v;
+    gvf v;
     memcpy(&v, p, sizeof v);
     return v;
 }
-static inline void gstore(float *p, gv16 v)
+static inline void gstore(float *p, gvf v)
 {
     memcpy(p, &v, sizeof v);
 }
-/* 16 bf16 values -> fp32 (exact). */
-static inline gv16 gload_bf16(const uint16_t *p)
+/* GVW bf16 values -> fp32 (exact). */
+static inline gvf gload_bf16(const uint16_t *p)
 {
-    gv16h h;
-    gv16u u;
+    gvh h;
+    gvu u;
     memcpy(&h, p, sizeof h);
-    u = __builtin_convertvector(h, gv16u) << 16;
-    return (gv16)u;
+    u = __builtin_convertvector(h, gvu) << 16;
+    return (gvf)u;
 }
-static inline float ghsum(gv16 v)
+static inline float ghsum(gvf v)
 {
-    gv8 a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
-    a += b;
-    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    float s = 0.0f;
+    for (int i = 0; i < GVW; i++)
+        s += v[i];
+    return s;
 }
 
 static double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
 {
-    gv8d a0 = { 0 }, a1 = { 0 };
-    double s;
+    gvd a0 = { 0 };
+    double s = 0.0;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        gv16 p = gload(x + i) * gload_bf16(w + i); /* exact: bf16 * bf16 */
-        gv8 lo, hi;
-        memcpy(&lo, &p, sizeof lo);
-        memcpy(&hi, (const char *)&p + sizeof lo, sizeof hi);
-        a0 += __builtin_convertvector(lo, gv8d);
-        a1 += __builtin_convertvector(hi, gv8d);
+    for (; i + GVW <= n; i += GVW) {
+        gvf p = gload(x + i) * gload_bf16(w + i); /* exact: bf16 * bf16 */
+        a0 += __builtin_convertvector(p, gvd);
     }
-    a0 += a1;
-    s = ((a0[0] + a0[1]) + (a0[2] + a0[3])) + ((a0[4] + a0[5]) + (a0[6] + a0[7]));
+    for (int j = 0; j < GVW; j++)
+        s += a0[j];
     for (; i < n; i++) {
         uint32_t u = (uint32_t)w[i] << 16;
         float f;
@@ -68,55 +67,57 @@ static double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
 }
 
 #define GD HD_KDA_HEAD_DIM
-#define GJB (GD / 16)
 
 static void gen_kda_head(float *S, const float *q, const float *k,
                          const float *v, const float *decay, float beta,
                          float *o)
 {
     const float q_scale = 0.08838834764831845f; /* 128^-0.5 */
-    gv16 pred[GJB], acc[GJB];
-    for (int jb = 0; jb < GJB; jb++)
-        pred[jb] = acc[jb] = (gv16){ 0 };
-    /* pred = k^T (S * decay): S is read from memory once here ... */
-    for (int i = 0; i < GD; i++) {
-        const float d = decay[i], ki = k[i];
-        for (int jb = 0; jb < GJB; jb++)
-            pred[jb] += (gload(S + i * GD + jb * 16) * d) * ki;
-    }
-    for (int jb = 0; jb < GJB; jb++)
-        pred[jb] = gload(v + jb * 16) - pred[jb];
-    /* ... and updated from cache, with the output in the same sweep. */
-    for (int i = 0; i < GD; i++) {
-        const float d = decay[i], bk = beta * k[i], qi = q[i] * q_scale;
-        for (int jb = 0; jb < GJB; jb++) {
-            gv16 s = gload(S + i * GD + jb * 16) * d + bk * pred[jb];
-            gstore(S + i * GD + jb * 16, s);
-            acc[jb] += s * qi;
+    /* Column chunks of 4 vectors, so that the sums stay in registers; a
+     * head's S (64 KB) stays in cache between the two sweeps. */
+    for (int j0 = 0; j0 < GD; j0 += 4 * GVW) {
+        gvf p[4] = { { 0 }, { 0 }, { 0 }, { 0 } }, a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
+        /* pred = k^T (S * decay) */
+        for (int i = 0; i < GD; i++) {
+            const float d = decay[i], ki = k[i];
+            for (int c = 0; c < 4; c++)
+                p[c] += (gload(S + i * GD + j0 + c * GVW) * d) * ki;
         }
+        for (int c = 0; c < 4; c++)
+            p[c] = gload(v + j0 + c * GVW) - p[c];
+        /* S = S * decay + beta k (v - pred); o = (q * scale)^T S */
+        for (int i = 0; i < GD; i++) {
+            const float d = decay[i], bk = beta * k[i], qi = q[i] * q_scale;
+            for (int c = 0; c < 4; c++) {
+                float *at = S + i * GD + j0 + c * GVW;
+                gvf sv = gload(at) * d + bk * p[c];
+                gstore(at, sv);
+                a[c] += sv * qi;
+            }
+        }
+        for (int c = 0; c < 4; c++)
+            gstore(o + j0 + c * GVW, a[c]);
     }
-    for (int jb = 0; jb < GJB; jb++)
-        gstore(o + jb * 16, acc[jb]);
 }
 
 /* ql[k] = sum_n qn[n] * wk[n][k] over the 128 n, k < 512 (W_k absorbed
  * into one head's query; wk bf16 [128][512]). */
 static void gen_absorb(const uint16_t *wk, const float *qn, float *ql)
 {
-    for (int k = 0; k < HD_MLA_KV_LORA; k += 64) {
-        gv16 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+    for (int k = 0; k < HD_MLA_KV_LORA; k += 4 * GVW) {
+        gvf a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
         for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
             const uint16_t *w = wk + (size_t)n * HD_MLA_KV_LORA + k;
             const float q = qn[n];
             a0 += q * gload_bf16(w);
-            a1 += q * gload_bf16(w + 16);
-            a2 += q * gload_bf16(w + 32);
-            a3 += q * gload_bf16(w + 48);
+            a1 += q * gload_bf16(w + GVW);
+            a2 += q * gload_bf16(w + 2 * GVW);
+            a3 += q * gload_bf16(w + 3 * GVW);
         }
         gstore(ql + k, a0);
-        gstore(ql + k + 16, a1);
-        gstore(ql + k + 32, a2);
-        gstore(ql + k + 48, a3);
+        gstore(ql + k + GVW, a1);
+        gstore(ql + k + 2 * GVW, a2);
+        gstore(ql + k + 3 * GVW, a3);
     }
 }
 
@@ -143,9 +144,9 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
         for (int r = 0; r < n; r++) {
             const uint16_t *c = c_kv + (t + (size_t)r) * GL;
             const uint16_t *kr = k_rope + (t + (size_t)r) * GR;
-            for (int d = 0; d < GL; d += 16)
+            for (int d = 0; d < GL; d += GVW)
                 gstore(cf + r * GL + d, gload_bf16(c + d));
-            for (int d = 0; d < GR; d += 16)
+            for (int d = 0; d < GR; d += GVW)
                 gstore(kf + r * GR + d, gload_bf16(kr + d));
         }
         for (int h = 0; h < GH; h++) {
@@ -156,16 +157,16 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             /* Two tokens at a time: each query load feeds two products. */
             for (; r + 2 <= n; r += 2) {
                 const float *c0 = cf + r * GL, *c1 = c0 + GL;
-                gv16 a0 = { 0 }, a1 = { 0 }, b0 = { 0 }, b1 = { 0 };
-                for (int d = 0; d < GL; d += 32) {
-                    gv16 qa = gload(qh + d), qb = gload(qh + d + 16);
+                gvf a0 = { 0 }, a1 = { 0 }, b0 = { 0 }, b1 = { 0 };
+                for (int d = 0; d < GL; d += 2 * GVW) {
+                    gvf qa = gload(qh + d), qb = gload(qh + d + GVW);
                     a0 += qa * gload(c0 + d);
-                    b0 += qb * gload(c0 + d + 16);
+                    b0 += qb * gload(c0 + d + GVW);
                     a1 += qa * gload(c1 + d);
-                    b1 += qb * gload(c1 + d + 16);
+                    b1 += qb * gload(c1 + d + GVW);
                 }
-                for (int d = 0; d < GR; d += 16) {
-                    gv16 qr = gload(rh + d);
+                for (int d = 0; d < GR; d += GVW) {
+                    gvf qr = gload(rh + d);
                     a0 += qr * gload(kf + r * GR + d);
                     a1 += qr * gload(kf + (r + 1) * GR + d);
                 }
@@ -174,10 +175,10 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             }
             for (; r < n; r++) {
                 const float *c0 = cf + r * GL;
-                gv16 a0 = { 0 };
-                for (int d = 0; d < GL; d += 16)
+                gvf a0 = { 0 };
+                for (int d = 0; d < GL; d += GVW)
                     a0 += gload(qh + d) * gload(c0 + d);
-                for (int d = 0; d < GR; d += 16)
+                for (int d = 0; d < GR; d += GVW)
                     a0 += gload(rh + d) * gload(kf + r * GR + d);
                 sh[r] = ghsum(a0) * score_scale;
             }
@@ -188,7 +189,7 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                 float f = expf(m[h] - mx);
                 float *ah = acc + h * GL;
                 l[h] *= f;
-                for (int d = 0; d < GL; d += 16)
+                for (int d = 0; d < GL; d += GVW)
                     gstore(ah + d, gload(ah + d) * f);
                 m[h] = mx;
             }
@@ -200,20 +201,20 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             l[h] += (float)ls;
             {
                 float *ah = acc + h * GL;
-                for (int d = 0; d < GL; d += 64) {
-                    gv16 x0 = gload(ah + d), x1 = gload(ah + d + 16);
-                    gv16 x2 = gload(ah + d + 32), x3 = gload(ah + d + 48);
+                for (int d = 0; d < GL; d += 4 * GVW) {
+                    gvf x0 = gload(ah + d), x1 = gload(ah + d + GVW);
+                    gvf x2 = gload(ah + d + 2 * GVW), x3 = gload(ah + d + 3 * GVW);
                     for (r = 0; r < n; r++) {
                         const float p = sh[r], *c = cf + r * GL + d;
                         x0 += p * gload(c);
-                        x1 += p * gload(c + 16);
-                        x2 += p * gload(c + 32);
-                        x3 += p * gload(c + 48);
+                        x1 += p * gload(c + GVW);
+                        x2 += p * gload(c + 2 * GVW);
+                        x3 += p * gload(c + 3 * GVW);
                     }
                     gstore(ah + d, x0);
-                    gstore(ah + d + 16, x1);
-                    gstore(ah + d + 32, x2);
-                    gstore(ah + d + 48, x3);
+                    gstore(ah + d + GVW, x1);
+                    gstore(ah + d + 2 * GVW, x2);
+                    gstore(ah + d + 3 * GVW, x3);
                 }
             }
         }

@@ -36,6 +36,7 @@ static void isa_vsincos(const float *a, float *s, float *c, int n)
     }
 }
 
+#define GVW 4
 #include "cpu_kern_generic.h"
 
 static float bf16f(const uint8_t *p)
