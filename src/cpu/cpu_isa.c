@@ -1,5 +1,6 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv, or forced by HD_CPU_ISA (portable, avx2, avx512). */
+ * from cpuid/xgetbv, or forced by HD_CPU_ISA (portable, avx2; "avx512" is
+ * understood, and unavailable until kernels for it are built). */
 #include "config.h"
 
 #include <stdlib.h>

@@ -1,5 +1,6 @@
-/* cpu_kern_portable.c - the kernels in plain C for any CPU (baseline flags):
- * the same integer sums as the SIMD kernels, so the paths agree closely. */
+/* cpu_kern_portable.c - the kernels in plain C for any CPU (baseline flags,
+ * any architecture): the same tiles and the same exactly rounded weights as
+ * the SIMD kernels, one column at a time. */
 #include "config.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* cpu_step.c - one decode step on the CPU: one OpenMP parallel region for
- * the whole step; serial pieces (norms, quantization, RoPE, top-8) are a
+ * the whole step; serial pieces (norms, activation layout, RoPE, top-8) are a
  * few microseconds each and run in `single` sections. */
 #include "config.h"
 
