@@ -13,13 +13,17 @@ const hd_backend_ops *hd_backend_ops_get(hd_backend kind)
     switch (kind) {
     case HD_BACKEND_REF:
         return &hd_ref_backend;
+#ifdef HD_HAVE_CPU_BACKEND
+    case HD_BACKEND_CPU:
+        return &hd_cpu_backend;
+#endif
     case HD_BACKEND_CUDA: {
         /* The module when it loads; else a stand-in whose probe says why. */
         const hd_backend_ops *ops = hd_cuda_backend_ops();
         return ops ? ops : &hd_cuda_stub_backend;
     }
     default:
-        return NULL; /* cpu is not part of this build */
+        return NULL; /* not part of this build */
     }
 }
 

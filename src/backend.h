@@ -71,5 +71,8 @@ hd_status hd_backend_choose(hd_backend requested, const hd_backend_ops **ops,
 
 /* The backends of this build. */
 extern const hd_backend_ops hd_ref_backend;
+#ifdef HD_HAVE_CPU_BACKEND
+extern const hd_backend_ops hd_cpu_backend; /* src/cpu/ */
+#endif
 
 #endif /* HD_BACKEND_H */

@@ -1,0 +1,217 @@
+/* cpu.h - the CPU backend: OpenMP threads, int4 weights repacked at load
+ * time, and one kernel table per instruction set (portable C, AVX2/FMA)
+ * chosen once per model from cpuid/xgetbv (HD_CPU_ISA=portable|avx2
+ * forces one).
+ *
+ * Numbers.  Every weight is dequantized exactly as SEMANTICS.md says,
+ * w = bf((q - z) * s), and multiplied by the fp32 activation: skipping the
+ * bf16 rounding of w (or quantizing x) moves h by ~1e-3, enough to flip the
+ * bf16 router logits of near-tied experts, and one flipped expert moves a
+ * step's output by ~2e-2 (measured on golden case B).  Only the summation
+ * order differs from the reference.
+ *
+ * Weight layout (cpu_repack.c).  A matrix (K inputs, N outputs) becomes
+ * tiles of 2 columns x 128 inputs (one scale group), stored column pair by
+ * column pair ([pair][group], so a thread that owns a range of pairs streams
+ * one contiguous range of memory), 136 bytes each:
+ *   4 chunks of 32 bytes: 16 bytes of column A, then 16 of column B; byte b
+ *   of chunk i holds k = 32i + b in its low and k = 32i + 16 + b in its
+ *   high nibble;
+ *   then bf16 scale A, scale B, zero A, zero B.
+ * A 128-bit lane thus holds one column, and vpshufb looks its nibbles up in
+ * that column's 16-entry table of bf((v - z) * s), built per tile.  The
+ * bytes equal the file's int4 bytes: nothing is expanded.
+ */
+#ifndef HD_CPU_H
+#define HD_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "model.h"
+
+#define CPU_GROUP 128               /* inputs per tile (one scale group)  */
+#define CPU_TILE_W 128              /* weight bytes per tile              */
+#define CPU_TILE_BYTES 136          /* + 2 bf16 scales + 2 bf16 zeros     */
+
+typedef enum cpu_isa {
+    CPU_ISA_PORTABLE = 0,
+    CPU_ISA_AVX2 = 1,
+    CPU_ISA_AVX512 = 2
+} cpu_isa;
+
+/* A repacked matrix, or a bank of `count` matrices of the same shape. */
+typedef struct cpu_qmat {
+    uint8_t *tiles;                 /* [count][pairs][groups][136]         */
+    int k, n, groups, pairs, count;
+    size_t member_tiles;            /* pairs * groups                      */
+} cpu_qmat;
+
+/* An activation vector of k values, each group of 4 stored twice (the
+ * layout the kernels multiply with: [x0..x3, x0..x3, x4..x7, x4..x7, ...]). */
+typedef struct cpu_xq {
+    float *xd;                      /* [2k] */
+    int k;
+} cpu_xq;
+
+/* One matrix-vector product of a multi-product call: y[yoff + n] = the
+ * product of one matrix (or bank member) with x. */
+typedef struct cpu_job {
+    const uint8_t *tiles;
+    int pairs, groups;
+    const cpu_xq *x;
+    int yoff;
+} cpu_job;
+
+/* The kernels of one instruction set. */
+typedef struct cpu_kernels {
+    const char *name;               /* "portable", "avx2", "avx512"        */
+    /* y[2p], y[2p + 1] = columns of pairs [p0, p1) times x. */
+    void (*gemv_pairs)(const uint8_t *tiles, int p0, int p1, int groups,
+                       const float *xd, float *y);
+    /* dst[i] = exp(src[i]) (SLEEF 1-ulp where built with it); in place ok. */
+    void (*vexp)(float *dst, const float *src, int n);
+    /* sin and cos of n angles (accurate range reduction). */
+    void (*vsincos)(const float *a, float *s, float *c, int n);
+    /* sum_i x[i] * w[i], w bf16, products exact, summed in double. */
+    double (*dot_bf16_f64)(const float *x, const uint16_t *w, int n);
+    /* ql = W_k,h q_nope,h for one head (wk bf16 [128][512]). */
+    void (*absorb)(const uint16_t *wk, const float *qn, float *ql);
+    /* One KDA head: S [128 k][128 v] updated in place; o = q^T S (fp32). */
+    void (*kda_head)(float *S, const float *q, const float *k, const float *v,
+                     const float *decay, float beta, float *o);
+    /* Softmax partial of all 32 heads over tokens [t0, t1): per head the
+     * running max m, the sum l of exp(score - m) and acc = sum p c_kv[t]. */
+    void (*mla_range)(const uint16_t *c_kv, const uint16_t *k_rope,
+                      size_t t0, size_t t1, const float *qlat,
+                      const float *qrope, float *m, float *l, float *acc,
+                      float *work);
+} cpu_kernels;
+
+extern const cpu_kernels cpu_kernels_portable;
+#ifdef HD_CPU_HAVE_AVX2
+extern const cpu_kernels cpu_kernels_avx2;
+#endif
+
+#define CPU_MLA_CHUNK 32            /* tokens per softmax chunk            */
+/* Floats of mla_range's work memory. */
+#define CPU_MLA_WORK ((size_t)CPU_MLA_CHUNK * (HD_MLA_KV_LORA + HD_MLA_QK_ROPE) + \
+                      (size_t)HD_MLA_HEADS * CPU_MLA_CHUNK)
+
+#define CPU_A (HD_KDA_HEADS * HD_KDA_HEAD_DIM)          /* 4096 */
+#define CPU_MLA_QK (HD_MLA_QK_NOPE + HD_MLA_QK_ROPE)    /* 192  */
+#define CPU_MLA_KV (HD_MLA_KV_LORA + HD_MLA_QK_ROPE)    /* 576  */
+#define CPU_MLA_QN (HD_MLA_HEADS * CPU_MLA_QK)          /* 6144 */
+
+typedef struct cpu_layer {
+    /* K: q|k|v|g concatenated (N 16384); M: q_proj|kv_a (N 6720). */
+    cpu_qmat in_proj;
+    cpu_qmat o_proj;
+    /* M: W_k dequantized (bf16, exactly the reference's weights: 4 MB, the
+     * one expanded tensor) as [head][128 n][512 k], so that the absorbed
+     * query is a sum of rows; W_v of head h: [h] 512 x 128 int4. */
+    uint16_t *wk;
+    cpu_qmat wv;                    /* count 32, k 512, n 128   */
+    cpu_qmat gate_up;               /* bank of E: gate|up (N 2048) */
+    cpu_qmat down;                  /* bank of E */
+    cpu_qmat s_gate_up, s_down;
+} cpu_layer;
+
+typedef struct cpu_model {
+    cpu_isa isa;
+    const cpu_kernels *kern;
+    int threads;
+    cpu_layer layers[HD_MAX_LAYERS];
+} cpu_model;
+
+/* ---- cpu_repack.c ---- */
+hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count);
+void cpu_qmat_free(cpu_qmat *m);
+/* Packs columns [src_col0, + ncols) of bank member src_member of src into
+ * columns [dst_col0, + ncols) of member `member` of m (same k; the column
+ * numbers are multiples of 16): concatenations and column slices. */
+void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
+                     const hd_qlinear *src, int src_member, int src_col0,
+                     int ncols);
+/* W_k of kv_b dequantized into wk [32][128][512] (cpu_layer). */
+void cpu_dequant_wk(uint16_t *wk, const hd_qlinear *kv_b);
+/* Repacks raw arrays (hd-bench): w_q [k/2][n], scales/zeros [k/128][n]. */
+void cpu_repack_raw(cpu_qmat *m, int member, const uint8_t *w_q,
+                    const uint16_t *scales, const uint16_t *zeros);
+static inline const uint8_t *cpu_qmat_member(const cpu_qmat *m, int j)
+{
+    return m->tiles + (size_t)j * m->member_tiles * CPU_TILE_BYTES;
+}
+/* A job for member j of m. */
+static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
+                                 int yoff)
+{
+    cpu_job r = { cpu_qmat_member(m, j), m->pairs, m->groups, x, yoff };
+    return r;
+}
+
+/* ---- cpu_quant.c ---- */
+/* Lays x out for the kernels (k a multiple of 4). */
+void cpu_prepare_x(const float *x, int k, cpu_xq *q);
+
+/* ---- cpu_gemv.c ---- */
+/* Runs the jobs inside an OpenMP parallel region (every thread of the team
+ * calls it); the column pairs of all jobs are split evenly across the
+ * threads.  Ends with a barrier. */
+void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
+                    float *y);
+
+/* ---- cpu_isa.c ---- */
+/* The instruction set to use: HD_CPU_ISA if set, else the best the CPU
+ * runs.  HD_ERR_BACKEND_UNAVAILABLE (with a message) if the variable asks
+ * for one the CPU or this build lacks, HD_ERR_INVALID_ARGUMENT if unknown. */
+hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size);
+const cpu_kernels *cpu_kernels_for(cpu_isa isa);
+/* Threads for a requested count (0: OMP_NUM_THREADS / all cores). */
+int cpu_resolve_threads(int requested);
+
+/* Work memory of one state (cpu_step.c carves it out of the host state's
+ * scratch; nothing is allocated per step). */
+typedef struct cpu_scratch {
+    float h[HD_HIDDEN], x[HD_HIDDEN], sum[HD_HIDDEN];
+    float attn[CPU_A];
+    float proj[4 * CPU_A];          /* K: q|k|v|g; M: q|kv (6720)       */
+    float act[3][CPU_A];            /* K: a_q, a_k, a_v                 */
+    float decay[CPU_A];
+    float qrope[HD_MLA_HEADS * HD_MLA_QK_ROPE];
+    float qlat[HD_MLA_HEADS * HD_MLA_KV_LORA];
+    float lat[HD_MLA_HEADS * HD_MLA_KV_LORA];
+    float gu[(HD_MOE_TOPK + 1) * 2 * HD_MOE_INTER];
+    float ff[(HD_MOE_TOPK + 1) * HD_MOE_INTER];
+    float ys[(HD_MOE_TOPK + 1) * HD_HIDDEN]; /* the experts' outputs */
+    float moe_w[HD_MOE_TOPK + 1];
+    int idx[HD_MOE_TOPK];
+    cpu_xq xq_in;                   /* k 4096: x, then the attention output */
+    cpu_xq xq_lat[HD_MLA_HEADS];    /* k 512 */
+    cpu_xq xq_f[HD_MOE_TOPK + 1];   /* k 1024 */
+    float *logits;                  /* [E] */
+    float *mla_ml;                  /* [threads][2][32]: max, sum */
+    float *mla_acc;                 /* [threads][32][512] */
+    float *mla_work;                /* [threads][CPU_MLA_WORK] */
+    int threads;
+} cpu_scratch;
+
+/* Layer pieces, called by every thread of the step's parallel region. */
+void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
+             float *S, uint16_t *conv, cpu_scratch *s);
+void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
+             uint16_t *k_rope, size_t pos, cpu_scratch *s);
+void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
+             int experts, cpu_scratch *s);
+/* x = bf(h * rsqrt(mean(h^2) + 1e-6) * weight), sums in double. */
+void cpu_rmsnorm(const float *h, const uint16_t *weight, float *x);
+
+/* ---- cpu_step.c ---- */
+hd_status cpu_state_init(hd_state *state);
+hd_status cpu_step(const hd_model *model, hd_state *state,
+                   const uint16_t *in_bf16, uint16_t *out_bf16);
+
+extern const hd_backend_ops hd_cpu_backend;
+
+#endif /* HD_CPU_H */

@@ -1,0 +1,94 @@
+/* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
+ * from cpuid/xgetbv, or forced by HD_CPU_ISA (portable, avx2; "avx512" is
+ * understood, and unavailable until kernels for it are built). */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu.h"
+#include "cpu_features.h"
+#include "util.h"
+
+static int isa_runs(cpu_isa isa)
+{
+    hd_cpu_features f = hd_cpu_detect();
+    switch (isa) {
+    case CPU_ISA_PORTABLE:
+        return 1;
+    case CPU_ISA_AVX2:
+#ifdef HD_CPU_HAVE_AVX2
+        return f.avx2 && f.fma;
+#else
+        return 0;
+#endif
+    case CPU_ISA_AVX512:
+#ifdef HD_CPU_HAVE_AVX512
+        return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni &&
+               f.avx2 && f.fma;
+#else
+        return 0;
+#endif
+    }
+    return 0;
+}
+
+hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
+{
+    static const char *const names[] = { "portable", "avx2", "avx512" };
+    const char *env = getenv("HD_CPU_ISA");
+    if (env && *env) {
+        for (int i = 0; i < 3; i++) {
+            if (strcmp(env, names[i]) != 0)
+                continue;
+            if (!isa_runs((cpu_isa)i))
+                return hd_fail(err, err_size, HD_ERR_BACKEND_UNAVAILABLE,
+                               "HD_CPU_ISA=%s: this CPU or this build of libhd "
+                               "cannot run the %s kernels", env, names[i]);
+            *isa = (cpu_isa)i;
+            return HD_OK;
+        }
+        return hd_fail(err, err_size, HD_ERR_BACKEND_UNAVAILABLE,
+                       "HD_CPU_ISA=\"%.32s\" is not one of portable, avx2, avx512",
+                       env);
+    }
+    *isa = isa_runs(CPU_ISA_AVX512) ? CPU_ISA_AVX512
+         : isa_runs(CPU_ISA_AVX2)   ? CPU_ISA_AVX2
+                                    : CPU_ISA_PORTABLE;
+    return HD_OK;
+}
+
+const cpu_kernels *cpu_kernels_for(cpu_isa isa)
+{
+    switch (isa) {
+#ifdef HD_CPU_HAVE_AVX512
+    case CPU_ISA_AVX512:
+        return &cpu_kernels_avx512;
+#endif
+#ifdef HD_CPU_HAVE_AVX2
+    case CPU_ISA_AVX2:
+        return &cpu_kernels_avx2;
+#endif
+    default:
+        return &cpu_kernels_portable;
+    }
+}
+
+int cpu_resolve_threads(int requested)
+{
+    int t = requested;
+#ifdef _OPENMP
+    if (t <= 0)
+        t = omp_get_max_threads();
+#else
+    t = 1;
+#endif
+    if (t < 1)
+        t = 1;
+    if (t > 64)
+        t = 64;
+    return t;
+}

@@ -1,0 +1,91 @@
+/* cpu_repack.c - the seed's int4 layout -> the CPU backend's tiles (cpu.h). */
+#include "config.h"
+
+#include <string.h>
+
+#include "cpu.h"
+#include "util.h"
+
+hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count)
+{
+    size_t tiles, bytes;
+    memset(m, 0, sizeof *m);
+    m->k = k;
+    m->n = n;
+    m->count = count;
+    m->groups = k / CPU_GROUP;
+    m->pairs = n / 2;
+    m->member_tiles = (size_t)m->groups * (size_t)m->pairs;
+    if (!hd_mul_size(m->member_tiles, (size_t)count, &tiles) ||
+        !hd_mul_size(tiles, CPU_TILE_BYTES, &bytes))
+        return HD_ERR_OUT_OF_MEMORY;
+    m->tiles = hd_alloc_aligned(bytes);
+    return m->tiles ? HD_OK : HD_ERR_OUT_OF_MEMORY;
+}
+
+void cpu_qmat_free(cpu_qmat *m)
+{
+    hd_free_aligned(m->tiles);
+    m->tiles = NULL;
+}
+
+/* One tile: columns n, n + 1 of q (row stride N bytes), group g. */
+static void pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g)
+{
+    const size_t N = (size_t)q->n;
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *col = q->w_q + (size_t)(n + half);
+        for (int i = 0; i < 4; i++)
+            for (int b = 0; b < 16; b++) {
+                int klo = g * CPU_GROUP + 32 * i + b, khi = klo + 16;
+                uint8_t blo = col[(size_t)(klo / 2) * N];
+                uint8_t bhi = col[(size_t)(khi / 2) * N];
+                int qlo = (klo & 1) ? blo >> 4 : blo & 15;
+                int qhi = (khi & 1) ? bhi >> 4 : bhi & 15;
+                dst[32 * i + 16 * half + b] = (uint8_t)(qlo | qhi << 4);
+            }
+    }
+    for (int half = 0; half < 2; half++) {
+        memcpy(dst + CPU_TILE_W + 2 * half,
+               q->scales + (size_t)g * N + (size_t)(n + half), 2);
+        memcpy(dst + CPU_TILE_W + 4 + 2 * half,
+               q->zeros + (size_t)g * N + (size_t)(n + half), 2);
+    }
+}
+
+void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
+                     const hd_qlinear *src, int src_member, int src_col0,
+                     int ncols)
+{
+    uint8_t *base = (uint8_t *)cpu_qmat_member(m, member);
+    hd_qlinear q = hd_qlinear_member(src, src_member);
+    for (int p = 0; p < ncols / 2; p++)
+        for (int g = 0; g < m->groups; g++)
+            pack_tile(base + ((size_t)(dst_col0 / 2 + p) * (size_t)m->groups +
+                              (size_t)g) * CPU_TILE_BYTES,
+                      &q, src_col0 + 2 * p, g);
+}
+
+void cpu_dequant_wk(uint16_t *wk, const hd_qlinear *kv_b)
+{
+    const size_t N = (size_t)kv_b->n;
+    for (int h = 0; h < HD_MLA_HEADS; h++)
+        for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
+            size_t col = (size_t)h * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD) + (size_t)n;
+            uint16_t *dst = wk + ((size_t)h * HD_MLA_QK_NOPE + (size_t)n) * HD_MLA_KV_LORA;
+            for (int k = 0; k < HD_MLA_KV_LORA; k++) {
+                uint8_t byte = kv_b->w_q[(size_t)(k / 2) * N + col];
+                int q = (k & 1) ? byte >> 4 : byte & 15;
+                float s = hd_bf16_to_f32(kv_b->scales[(size_t)(k / 128) * N + col]);
+                float z = hd_bf16_to_f32(kv_b->zeros[(size_t)(k / 128) * N + col]);
+                dst[k] = hd_f32_to_bf16(((float)q - z) * s);
+            }
+        }
+}
+
+void cpu_repack_raw(cpu_qmat *m, int member, const uint8_t *w_q,
+                    const uint16_t *scales, const uint16_t *zeros)
+{
+    hd_qlinear q = { w_q, scales, zeros, m->k, m->n, 1 };
+    cpu_repack_part(m, member, 0, &q, 0, 0, m->n);
+}

@@ -1,0 +1,429 @@
+/*
+ * hd-bench - how fast a backend runs a decode step, next to how fast this
+ * machine reads memory, measured in the same run.
+ *
+ * Step mode (default): the synthetic model (seed 1) for E experts, the MLA
+ * caches prefilled to a context, warm-up steps, then timed steps; prints
+ * the median microseconds per step, the bytes a step must move
+ * (hd_model_step_bytes), the read bandwidth measured before and after the
+ * steps (hd_model_measure_bandwidth: >= 1 GiB read with the backend's
+ * threads) and the fraction of that bandwidth the step achieves.
+ *
+ * GEMV mode (--gemv, CPU backend): the four int4 shapes of a step, each
+ * with its weights cold (rotating through >= 512 MiB of copies), against a
+ * plain read of the same bytes with the same threads.
+ *
+ * A benchmark, not a test: it asserts nothing about times.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "hd.h"
+#ifdef HD_HAVE_CPU_BACKEND
+#include "cpu/cpu.h"
+#include "util.h"
+#endif
+
+typedef struct bench_config {
+    hd_backend backend;
+    int experts;
+    size_t context;
+    int steps, warmup, threads;
+    int json, gemv;
+} bench_config;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "Usage: hd-bench [options]\n"
+        "Time decode steps (or the int4 GEMVs) against the memory bandwidth\n"
+        "measured in the same run.\n\n"
+        "  --backend B     auto, ref, cpu or cuda (default: HD_BACKEND, else auto)\n"
+        "  --experts E     routed experts of the synthetic model (default 256)\n"
+        "  --context L     MLA context before the first step (default 4096)\n"
+        "  --steps N       timed steps (default 20)\n"
+        "  --warmup N      untimed steps first (default 3)\n"
+        "  --threads N     CPU threads, 0 = OMP_NUM_THREADS or all cores (default 0)\n"
+        "  --gemv          cold GEMV microbenchmark of the four int4 shapes against\n"
+        "                  a plain read of the same bytes (CPU backend)\n"
+        "  --json          print one JSON object instead of the table\n"
+        "  -h, --help      this help\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_config *c)
+{
+    enum { O_BACKEND = 256, O_EXPERTS, O_CONTEXT, O_STEPS, O_WARMUP, O_THREADS,
+           O_JSON, O_GEMV };
+    static const struct option opts[] = {
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"experts", required_argument, NULL, O_EXPERTS},
+        {"context", required_argument, NULL, O_CONTEXT},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"json", no_argument, NULL, O_JSON},
+        {"gemv", no_argument, NULL, O_GEMV},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    long v;
+    int o;
+    c->backend = HD_BACKEND_DEFAULT;
+    c->experts = 256;
+    c->context = 4096;
+    c->steps = 20;
+    c->warmup = 3;
+    c->threads = 0;
+    c->json = c->gemv = 0;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case O_BACKEND:
+            if (hd_backend_parse(optarg, &c->backend) != HD_OK)
+                goto bad;
+            break;
+        case O_EXPERTS:
+            if (parse_int(optarg, HD_MIN_EXPERTS, HD_MAX_EXPERTS, &v))
+                goto bad;
+            c->experts = (int)v;
+            break;
+        case O_CONTEXT:
+            if (parse_int(optarg, 0, 1L << 24, &v))
+                goto bad;
+            c->context = (size_t)v;
+            break;
+        case O_STEPS:
+            if (parse_int(optarg, 1, 1000000, &v))
+                goto bad;
+            c->steps = (int)v;
+            break;
+        case O_WARMUP:
+            if (parse_int(optarg, 0, 1000000, &v))
+                goto bad;
+            c->warmup = (int)v;
+            break;
+        case O_THREADS:
+            if (parse_int(optarg, 0, 4096, &v))
+                goto bad;
+            c->threads = (int)v;
+            break;
+        case O_JSON:
+            c->json = 1;
+            break;
+        case O_GEMV:
+            c->gemv = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            goto bad;
+        }
+    }
+    if (optind == argc)
+        return 0;
+bad:
+    fprintf(stderr, "hd-bench: invalid arguments (try --help)\n");
+    return -1;
+}
+
+/* ---- step mode ------------------------------------------------------------ */
+
+static int run_steps(const bench_config *c)
+{
+    hd_options opt;
+    hd_model *m = NULL;
+    hd_state *st = NULL;
+    char err[256] = "";
+    uint16_t in[HD_HIDDEN], out[HD_HIDDEN];
+    double bw0 = 0, bw1 = 0, *t;
+    hd_status s;
+    int n_mla = 0;
+
+    hd_options_init(&opt);
+    opt.backend = c->backend;
+    opt.threads = c->threads;
+    s = hd_model_synth(1, c->experts, NULL, &opt, &m, err, sizeof err);
+    if (s != HD_OK) {
+        fprintf(stderr, "hd-bench: model: %s\n", err);
+        return 1;
+    }
+    for (const char *p = hd_model_pattern(m); *p; p++)
+        n_mla += *p == 'M';
+    s = hd_state_new(m, c->context + (size_t)c->warmup + (size_t)c->steps + 1, &st);
+    if (s == HD_OK && c->context) {
+        size_t rows = c->context * (size_t)(n_mla ? n_mla : 1);
+        uint16_t *ckv = malloc(rows * HD_MLA_KV_LORA * 2);
+        uint16_t *kr = malloc(rows * HD_MLA_QK_ROPE * 2);
+        s = ckv && kr ? HD_OK : HD_ERR_OUT_OF_MEMORY;
+        for (int i = 0; s == HD_OK && i < n_mla; i++)
+            s = hd_synth_cache(1 + (uint32_t)i, c->context,
+                               ckv + (size_t)i * c->context * HD_MLA_KV_LORA,
+                               kr + (size_t)i * c->context * HD_MLA_QK_ROPE);
+        if (s == HD_OK)
+            s = hd_state_prefill(st, c->context, ckv, kr);
+        free(ckv);
+        free(kr);
+    }
+    t = malloc((size_t)c->steps * sizeof *t);
+    if (s != HD_OK || !t) {
+        fprintf(stderr, "hd-bench: state: %s\n", hd_status_string(s));
+        return 1;
+    }
+    if (hd_model_measure_bandwidth(m, &bw0) != HD_OK)
+        bw0 = 0;
+    for (int i = 0; i < c->warmup + c->steps; i++) {
+        double t0;
+        hd_synth_input(1, (uint64_t)i, in);
+        t0 = now_s();
+        s = hd_step(m, st, in, out);
+        if (s != HD_OK) {
+            fprintf(stderr, "hd-bench: step: %s\n", hd_status_string(s));
+            return 1;
+        }
+        if (i >= c->warmup)
+            t[i - c->warmup] = now_s() - t0;
+    }
+    if (hd_model_measure_bandwidth(m, &bw1) != HD_OK)
+        bw1 = 0;
+    {
+        const double us = median(t, c->steps) * 1e6;
+        const double bytes = (double)hd_model_step_bytes(m, c->context);
+        const double bw = 0.5 * (bw0 + bw1);
+        const double floor_us = bw > 0 ? bytes / bw * 1e6 : 0;
+        const double frac = us > 0 ? floor_us / us : 0;
+        if (c->json) {
+            printf("{\"backend\": \"%s\", \"backend_info\": \"%s\", \"experts\": %d, "
+                   "\"context\": %zu, \"threads\": %d, \"steps\": %d, \"warmup\": %d, "
+                   "\"step_us_median\": %.1f, \"step_us_min\": %.1f, "
+                   "\"bytes_per_step\": %.0f, \"membw_GBps\": %.2f, "
+                   "\"membw_before_GBps\": %.2f, \"membw_after_GBps\": %.2f, "
+                   "\"floor_us\": %.1f, \"fraction_of_bandwidth\": %.3f}\n",
+                   hd_backend_name(hd_model_backend(m)), hd_model_backend_info(m),
+                   c->experts, c->context, c->threads, c->steps, c->warmup, us,
+                   t[0] * 1e6, bytes, bw / 1e9, bw0 / 1e9, bw1 / 1e9, floor_us, frac);
+        } else {
+            printf("backend            %s\n", hd_model_backend_info(m));
+            printf("experts / context  %d / %zu\n", c->experts, c->context);
+            printf("steps (warm-up)    %d (%d)\n", c->steps, c->warmup);
+            printf("step median        %.1f us   (min %.1f us)\n", us, t[0] * 1e6);
+            printf("bytes per step     %.1f MB\n", bytes / 1e6);
+            printf("read bandwidth     %.1f GB/s   (before %.1f, after %.1f)\n",
+                   bw / 1e9, bw0 / 1e9, bw1 / 1e9);
+            printf("bandwidth floor    %.1f us\n", floor_us);
+            printf("fraction of bw     %.1f %%   (step / floor = %.2f x)\n",
+                   100 * frac, frac > 0 ? 1 / frac : 0);
+        }
+    }
+    free(t);
+    hd_state_free(st);
+    hd_model_free(m);
+    return 0;
+}
+
+/* ---- GEMV mode ------------------------------------------------------------ */
+#ifdef HD_HAVE_CPU_BACKEND
+static uint32_t rng_next(uint32_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+static uint64_t read_range(const uint64_t *p, size_t n)
+{
+    uint64_t a[8] = { 0 };
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            a[j] += p[i + j];
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+static int run_gemv(const bench_config *c)
+{
+    static const int shapes[4][2] = { { 4096, 2304 }, { 2304, 4096 },
+                                      { 1024, 2304 }, { 2304, 1024 } };
+    cpu_isa isa;
+    char err[256];
+    const cpu_kernels *kern;
+    int threads;
+    double bw = 0;
+    double ratio[4], g_us[4], r_us[4];
+    size_t bytes_of[4];
+    int copies_of[4];
+
+    if (cpu_choose_isa(&isa, err, sizeof err) != HD_OK) {
+        fprintf(stderr, "hd-bench: %s\n", err);
+        return 1;
+    }
+    kern = cpu_kernels_for(isa);
+    threads = cpu_resolve_threads(c->threads);
+    hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
+    for (int sh = 0; sh < 4; sh++) {
+        const int K = shapes[sh][0], N = shapes[sh][1];
+        cpu_qmat proto;
+        uint8_t *w_q = malloc((size_t)K / 2 * (size_t)N);
+        uint16_t *sc = malloc((size_t)K / 128 * (size_t)N * 2);
+        uint16_t *ze = malloc((size_t)K / 128 * (size_t)N * 2);
+        float *x = malloc((size_t)K * sizeof(float)), *y = malloc((size_t)N * sizeof(float));
+        cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)), K };
+        uint32_t rng = 12345u + (uint32_t)sh;
+        size_t bytes, per;
+        int copies;
+        uint8_t *all;
+        double best_g = 1e30, best_r = 1e30;
+        volatile uint64_t sink = 0;
+
+        if (!w_q || !sc || !ze || !x || !y || !xq.xd ||
+            cpu_qmat_alloc(&proto, K, N, 1) != HD_OK) {
+            fprintf(stderr, "hd-bench: out of memory\n");
+            return 1;
+        }
+        for (size_t i = 0; i < (size_t)K / 2 * (size_t)N; i++)
+            w_q[i] = (uint8_t)rng_next(&rng);
+        for (size_t i = 0; i < (size_t)K / 128 * (size_t)N; i++) {
+            sc[i] = (uint16_t)(((127 - 9) << 7) | (rng_next(&rng) & 127));
+            ze[i] = hd_f32_to_bf16(7.0f + 0.5f * (float)(rng_next(&rng) & 3));
+        }
+        for (int i = 0; i < K; i++)
+            x[i] = (float)((int)(rng_next(&rng) & 255) - 128) / 64.0f;
+        cpu_prepare_x(x, K, &xq);
+        cpu_repack_raw(&proto, 0, w_q, sc, ze);
+        per = proto.member_tiles * CPU_TILE_BYTES;
+        per = (per + 4095) & ~(size_t)4095;
+        copies = (int)(((size_t)512 << 20) / per) + 1;
+        bytes = per * (size_t)copies;
+        all = hd_alloc_aligned(bytes);
+        if (!all) {
+            fprintf(stderr, "hd-bench: out of memory (%zu bytes)\n", bytes);
+            return 1;
+        }
+        for (int i = 0; i < copies; i++)
+            memcpy(all + (size_t)i * per, proto.tiles, proto.member_tiles * CPU_TILE_BYTES);
+        for (int rep = 0; rep < 4; rep++) {
+            double t0 = now_s(), dt;
+            for (int i = 0; i < copies; i++) {
+                cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0 };
+#pragma omp parallel num_threads(threads)
+                cpu_gemv_multi(kern, &job, 1, y);
+            }
+            dt = (now_s() - t0) / copies;
+            if (dt < best_g)
+                best_g = dt;
+            t0 = now_s();
+            for (int i = 0; i < copies; i++) {
+                const uint64_t *p = (const uint64_t *)(const void *)(all + (size_t)i * per);
+                const size_t n = proto.member_tiles * CPU_TILE_BYTES / 8;
+                uint64_t s = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : s)
+                {
+                    int t = 0, nt = 1;
+#ifdef _OPENMP
+                    t = omp_get_thread_num();
+                    nt = omp_get_num_threads();
+#endif
+                    size_t lo = n * (size_t)t / (size_t)nt, hi = n * (size_t)(t + 1) / (size_t)nt;
+                    s += read_range(p + lo, hi - lo);
+                }
+                sink += s;
+            }
+            dt = (now_s() - t0) / copies;
+            if (dt < best_r)
+                best_r = dt;
+        }
+        g_us[sh] = best_g * 1e6;
+        r_us[sh] = best_r * 1e6;
+        ratio[sh] = best_g / best_r;
+        bytes_of[sh] = proto.member_tiles * CPU_TILE_BYTES;
+        copies_of[sh] = copies;
+        (void)sink;
+        hd_free_aligned(all);
+        cpu_qmat_free(&proto);
+        free(w_q);
+        free(sc);
+        free(ze);
+        free(x);
+        free(y);
+        free(xq.xd);
+    }
+    {
+        double bw1 = 0;
+        hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw1);
+        if (c->json) {
+            printf("{\"mode\": \"gemv\", \"backend\": \"cpu\", \"isa\": \"%s\", \"threads\": %d, "
+                   "\"membw_before_GBps\": %.2f, \"membw_after_GBps\": %.2f, \"shapes\": [",
+                   kern->name, threads, bw / 1e9, bw1 / 1e9);
+            for (int sh = 0; sh < 4; sh++)
+                printf("%s{\"k\": %d, \"n\": %d, \"bytes\": %zu, \"copies\": %d, "
+                       "\"gemv_us\": %.1f, \"read_us\": %.1f, \"ratio\": %.3f}",
+                       sh ? ", " : "", shapes[sh][0], shapes[sh][1], bytes_of[sh],
+                       copies_of[sh], g_us[sh], r_us[sh], ratio[sh]);
+            printf("]}\n");
+        } else {
+            printf("cold int4 GEMV, cpu (%s, %d threads); read bandwidth %.1f GB/s before, %.1f after\n",
+                   kern->name, threads, bw / 1e9, bw1 / 1e9);
+            printf("%-12s %10s %8s %11s %11s %10s %7s\n", "K x N", "bytes", "copies",
+                   "gemv us", "read us", "gemv GB/s", "ratio");
+            for (int sh = 0; sh < 4; sh++)
+                printf("%4d x %-5d %10zu %8d %11.1f %11.1f %10.1f %7.2f\n", shapes[sh][0],
+                       shapes[sh][1], bytes_of[sh], copies_of[sh], g_us[sh], r_us[sh],
+                       (double)bytes_of[sh] / g_us[sh] / 1e3, ratio[sh]);
+        }
+    }
+    return 0;
+}
+#else
+static int run_gemv(const bench_config *c)
+{
+    (void)c;
+    fprintf(stderr, "hd-bench: --gemv needs the cpu backend, which this build lacks\n");
+    return 1;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    bench_config c;
+    if (parse_args(argc, argv, &c) != 0)
+        return 2;
+    return c.gemv ? run_gemv(&c) : run_steps(&c);
+}
