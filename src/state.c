@@ -122,20 +122,35 @@ hd_status hd_state_tensor_bytes(const hd_state *state, int layer,
     return st;
 }
 
-hd_status hd_state_export(const hd_state *state, int layer,
-                          hd_state_tensor which, void *dst, size_t bytes)
+/* The checks export and import share: layer and kind, the exact byte size,
+ * the buffer.  HD_OK with *copy = 0 when there is nothing to copy. */
+static hd_status check_transfer(const hd_state *state, int layer,
+                                hd_state_tensor which, const void *buf,
+                                size_t bytes, int *copy)
 {
     size_t want;
     hd_status st = tensor_bytes(state, layer, which,
                                 state_ok(state) ? state->context : 0, &want);
+    *copy = 0;
     if (st != HD_OK)
         return st;
     if (bytes != want)
         return HD_ERR_SIZE_MISMATCH;
-    if (!dst)
-        return bytes ? HD_ERR_INVALID_ARGUMENT : HD_OK;
     if (bytes == 0)
         return HD_OK;
+    if (!buf)
+        return HD_ERR_INVALID_ARGUMENT;
+    *copy = 1;
+    return HD_OK;
+}
+
+hd_status hd_state_export(const hd_state *state, int layer,
+                          hd_state_tensor which, void *dst, size_t bytes)
+{
+    int copy;
+    hd_status st = check_transfer(state, layer, which, dst, bytes, &copy);
+    if (st != HD_OK || !copy)
+        return st;
     return state->model->backend->state_read(state, layer, which,
                                              state->context, dst);
 }
@@ -143,17 +158,10 @@ hd_status hd_state_export(const hd_state *state, int layer,
 hd_status hd_state_import(hd_state *state, int layer, hd_state_tensor which,
                           const void *src, size_t bytes)
 {
-    size_t want;
-    hd_status st = tensor_bytes(state, layer, which,
-                                state_ok(state) ? state->context : 0, &want);
-    if (st != HD_OK)
+    int copy;
+    hd_status st = check_transfer(state, layer, which, src, bytes, &copy);
+    if (st != HD_OK || !copy)
         return st;
-    if (bytes != want)
-        return HD_ERR_SIZE_MISMATCH;
-    if (!src)
-        return bytes ? HD_ERR_INVALID_ARGUMENT : HD_OK;
-    if (bytes == 0)
-        return HD_OK;
     return state->model->backend->state_write(state, layer, which,
                                               state->context, src);
 }
