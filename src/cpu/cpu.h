@@ -204,8 +204,6 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
              uint16_t *k_rope, size_t pos, cpu_scratch *s);
 void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
              int experts, cpu_scratch *s);
-/* x = bf(h * rsqrt(mean(h^2) + 1e-6) * weight), sums in double. */
-void cpu_rmsnorm(const float *h, const uint16_t *weight, float *x);
 
 /* ---- cpu_step.c ---- */
 hd_status cpu_state_init(hd_state *state);

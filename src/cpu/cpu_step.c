@@ -7,19 +7,9 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "ref/ref.h"
 #include "state_host.h"
 #include "util.h"
-
-void cpu_rmsnorm(const float *h, const uint16_t *weight, float *x)
-{
-    double ss = 0.0;
-    float inv;
-    for (int i = 0; i < HD_HIDDEN; i++)
-        ss += (double)h[i] * h[i];
-    inv = 1.0f / sqrtf((float)ss / (float)HD_HIDDEN + 1e-6f);
-    for (int i = 0; i < HD_HIDDEN; i++)
-        x[i] = hd_bf(h[i] * inv * hd_bf16_to_f32(weight[i]));
-}
 
 /* Carves 64-byte aligned pieces out of one allocation. */
 typedef struct carver {
@@ -96,7 +86,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
 
 #pragma omp single
         {
-            cpu_rmsnorm(s->h, L->attn_norm, s->x);
+            ref_rmsnorm(s->h, L->attn_norm, s->x);
             cpu_prepare_x(s->x, HD_HIDDEN, &s->xq_in);
         }
         if (L->kind == 'K')
@@ -109,7 +99,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
         {
             for (int n = 0; n < HD_HIDDEN; n++)
                 s->h[n] = hd_bf(s->h[n] + hd_bf(s->sum[n]));
-            cpu_rmsnorm(s->h, L->moe_norm, s->x);
+            ref_rmsnorm(s->h, L->moe_norm, s->x);
             cpu_prepare_x(s->x, HD_HIDDEN, &s->xq_in);
         }
         cpu_moe(cm, &L->moe, C, model->experts, s);
