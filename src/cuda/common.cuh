@@ -37,6 +37,14 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
     return v;
 }
 
+/* Starts bringing bytes (16-byte aligned, a multiple of 16) into L2; no
+ * completion to wait for.  Issued by one thread. */
+__device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                 : : "l"(p), "r"(bytes) : "memory");
+}
+
 /* Values other CTAs wrote in this launch: bypass L1. */
 __device__ __forceinline__ float ldcg(const float *p) { return __ldcg(p); }
 
@@ -100,16 +108,68 @@ __device__ __forceinline__ float block_sum(float v, float *red)
 
 __device__ __forceinline__ float silu(float y) { return y / (1.0f + expf(-y)); }
 
-/* Fills the padded x layout: value i at xs[(i/32)*36 + i%32], and the sum of
- * each chunk of 32 at xs[c*36 + 32].  Ends with __syncthreads. */
-__device__ __forceinline__ void xs_chunk_sums(float *xs, int n)
+/* Shared-memory map of the GEMV phases (floats): the padded x layout, the
+ * tile partials, the tile outputs, small things, the merge's split
+ * statistics, x as B fragments (room for 9 x 1024 values). */
+#define SM_XS 0
+#define SM_RED 10368
+#define SM_OUT 14976
+#define SM_MISC 15264
+#define MERGE_STATS 16384
+#define SM_XB 18432
+#define SM_XB_END (SM_XB + 9 * 1024 / 16 * 12 * 2)
+
+__device__ __forceinline__ uint32_t bf2_pack(float lo, float hi)
 {
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+/* Part p (0 hi, 1 mid, 2 lo) of x = hi + mid + lo, each a bf16; exact for
+ * normal fp32 x (8 + 8 + 8 significant bits). */
+__device__ __forceinline__ float bf_part(float x, int p)
+{
+    float hi = bfr(x);
+    if (p == 0)
+        return hi;
+    float r = x - hi, mid = bfr(r);
+    return p == 1 ? mid : bfr(r - mid);
+}
+
+/* Two bf16 values (exact) into one bf16x2 word. */
+__device__ __forceinline__ uint32_t bf2_exact(float lo, float hi)
+{
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+/* x (n values in the padded layout xs) as the B fragments of
+ * mma.m16n8k16: entry (16-row step s, lane l) holds, for part l / 4, the
+ * values 16 s + 2 (l % 4) + {0, 1, 8, 9}; parts 1 when x is bf16 already
+ * (lanes 0-3 only), else 3.  xb sits at SM_XB of the same shared memory as
+ * xs (which is at SM_XS).  Starts and ends with __syncthreads. */
+__device__ __forceinline__ void xs_finish(float *xs, int n, int parts)
+{
+    uint2 *xb = reinterpret_cast<uint2 *>(xs - SM_XS + SM_XB);
     __syncthreads();
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int c = w; c < n / 32; c += HDC_WARPS) {
-        float s = warp_sum(xs[c * HDC_XS_STRIDE + lane]);
-        if (lane == 0)
-            xs[c * HDC_XS_STRIDE + 32] = s;
+    for (int e = threadIdx.x; e < n / 4; e += HDC_THREADS) {
+        const int st = e >> 2, tq = e & 3, k = 16 * st + 2 * tq;
+        const float *x = xs + (k >> 5) * HDC_XS_STRIDE + (k & 31);
+        const float2 a = *reinterpret_cast<const float2 *>(x);
+        const float2 b = *reinterpret_cast<const float2 *>(x + 8);
+        const float v[4] = {a.x, a.y, b.x, b.y};
+        float hi[4], mid[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            hi[i] = bfr(v[i]);
+            float r = v[i] - hi[i];
+            mid[i] = bfr(r);
+            lo[i] = bfr(r - mid[i]);
+        }
+        uint2 *d = xb + st * 12 + tq;
+        d[0] = make_uint2(bf2_exact(hi[0], hi[1]), bf2_exact(hi[2], hi[3]));
+        if (parts > 1) {
+            d[4] = make_uint2(bf2_exact(mid[0], mid[1]), bf2_exact(mid[2], mid[3]));
+            d[8] = make_uint2(bf2_exact(lo[0], lo[1]), bf2_exact(lo[2], lo[3]));
+        }
     }
     __syncthreads();
 }
@@ -137,13 +197,13 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
         if (i < HDC_D)
             xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = bfr(v[j] * inv * bf16f(weight[i]));
     }
-    xs_chunk_sums(xs, HDC_D);
+    xs_finish(xs, HDC_D, 1);
 }
 
 /* A vector of N values other CTAs wrote (global) into the padded layout,
- * every thread's loads in flight at once. */
+ * every thread's loads in flight at once; parts as for xs_finish. */
 template <int N>
-__device__ void load_xs(const float *src, float *xs)
+__device__ void load_xs(const float *src, float *xs, int parts)
 {
     constexpr int NV = (N + HDC_THREADS - 1) / HDC_THREADS;
     float v[NV];
@@ -158,7 +218,17 @@ __device__ void load_xs(const float *src, float *xs)
         if (i < N)
             xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = v[j];
     }
-    xs_chunk_sums(xs, N);
+    xs_finish(xs, N, parts);
+}
+
+/* HD_CUDA_TRACE: every CTA's time at point id of layer 0 (thread 0). */
+__device__ __forceinline__ void trace_mark(unsigned long long *tr, int id)
+{
+    if (tr && threadIdx.x == 0) {
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        tr[blockIdx.x * 32 + id] = ns;
+    }
 }
 
 /* Phase timestamps (CTA 0, thread 0), read by HD_CUDA_PHASES=1. */

@@ -13,14 +13,17 @@
 #define HDC_PART 516             /* floats per (split, head) partial       */
 #define HDC_SMEM_BYTES (150 * 1024)
 
-/* A quantized linear map repacked for 16-byte loads (see repack.cu):
- *   w  [K/32][N] uint4: the 32 nibbles of k = 32c .. 32c+31 of column n;
- *      word i, byte b: low nibble k = 32c + 8i + b, high nibble k + 4;
- *   sz [K/128][N] uint32: bf16 scale (low half) | bf16 zero (high half).
+/* A quantized linear map repacked for the tensor-core GEMV (repack.cu):
+ *   w  units of 16 columns x 64 rows, 512 bytes, unit (nb, kb) at
+ *      (nb * K/64 + kb) * 32 uint4; lane t's uint4 holds its mma A
+ *      fragments of the unit's four 16-row steps;
+ *   sz [N/16][K/128][16] uint2: s | s << 16, c1 | c2 << 16 (bf16), the
+ *      constants of the exact dequantization fma(bf((128 + q) - c1), s, c2).
+ * A column block's weights and constants are each one contiguous run.
  * A bank of `count` maps stores member j at w + j * wstride. */
 struct QMat {
     const uint4 *w;
-    const uint32_t *sz;
+    const uint2 *sz;
     int K, N;
     size_t wstride, szstride; /* in elements of w / sz, for banks */
 };
@@ -63,6 +66,8 @@ struct StepParams {
     float *ff;     /* [9][1024] expert activations (8 routed, shared) */
     float *route;  /* [16]: 8 expert indices (as float bits) + 8 weights */
     unsigned *bar; /* [2] grid barrier: count, generation */
+    int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
+    unsigned long long *trace; /* HD_CUDA_TRACE: [grid][32] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
 };
 
@@ -73,8 +78,11 @@ cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream);
 /* repack.cu: bytes of the repacked form of one map (all members). */
 size_t hdc_repack_bytes(int k, int n, int count);
 /* Repacks into dst (host memory, hdc_repack_bytes large); the device
- * pointers of the result, placed at dev_base, go into *m. */
-void hdc_repack(const uint8_t *w_q, const uint16_t *scales,
+ * pointers of the result, placed at dev_base, go into *m.  Returns 0, or -1
+ * when a group's scale and zero have no exact form of the kernel's
+ * dequantization (non-finite, or a zero whose fraction times the scale is
+ * not a bf16), or K, N are not multiples of 128, 16. */
+int hdc_repack(const uint8_t *w_q, const uint16_t *scales,
                 const uint16_t *zeros, int k, int n, int count, void *dst,
                 const void *dev_base, QMat *m);
 

@@ -4,12 +4,6 @@
 
 #include "gemv.cuh"
 
-/* Shared-memory map of the GEMV phases (floats). */
-#define SM_XS 0
-#define SM_RED 10368
-#define SM_OUT 14976
-#define SM_MISC 15264
-
 /* Phase 1: x = norm(h); q, k, v, g projections (tiles of 32 columns of all
  * four, 128 tasks) with the short convolution, its cache shift, silu and
  * the decay in the epilogue; task 128 computes the 32 betas. */
@@ -17,11 +11,14 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
                          float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, first ? P.hin : nullptr, L.attn_norm, xs, sm + SM_MISC);
     if (first && blockIdx.x == 0)
         for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
             P.h[i] = bf16f(P.hin[i]);
     uint16_t *conv = P.conv[L.slot];
+    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    trace_mark(tr, 12);
     for (int task = blockIdx.x; task <= HDC_A / 32; task += gridDim.x) {
         if (task == HDC_A / 32) {
             int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -37,9 +34,9 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
             continue;
         }
         int n0 = task * 32;
-        MatTile m[4] = {mat_tile(L.p[0], 0, n0, xs), mat_tile(L.p[1], 0, n0, xs),
-                        mat_tile(L.p[2], 0, n0, xs), mat_tile(L.p[3], 0, n0, xs)};
-        gemv_tile<32, 4>(m, HDC_D / 32, red, out);
+        MatTile m[4] = {mat_tile(L.p[0], 0, n0, xb, 1), mat_tile(L.p[1], 0, n0, xb, 1),
+                        mat_tile(L.p[2], 0, n0, xb, 1), mat_tile(L.p[3], 0, n0, xb, 1)};
+        gemv_tile<32, 4, HDC_D>(m, red, out);
         if (threadIdx.x < 128) {
             int j = threadIdx.x >> 5, n = n0 + (threadIdx.x & 31);
             float p = bfr(out[threadIdx.x]);
@@ -60,6 +57,28 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
             }
         }
     }
+}
+
+/* The L2 prefetches of this CTA's share of the phases (thread 0 only). */
+__device__ void kda_proj_prefetch(const LayerDev &L)
+{
+    for (int task = blockIdx.x; task < HDC_A / 32; task += gridDim.x)
+        for (int j = 0; j < 4; j++)
+            prefetch_cols(L.p[j], 0, task * 32, 32);
+}
+
+__device__ void kda_delta_prefetch(const StepParams &P, const LayerDev &L)
+{
+    float *S = P.S[L.slot];
+    for (int task = blockIdx.x; task < 128; task += gridDim.x)
+        if ((task & 3) == 0)
+            l2_prefetch(S + (size_t)(task >> 2) * 128 * 128, 128 * 128 * 4);
+}
+
+__device__ void out_proj_prefetch(const QMat &o)
+{
+    for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x)
+        prefetch_cols(o, 0, task * 16, 16);
 }
 
 /* Phase 2: the delta rule, split by 32 value columns (128 tasks): thread
@@ -124,11 +143,12 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     if (blockIdx.x >= HDC_D / 16)
         return;
-    load_xs<HDC_A>(P.attn, xs);
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
+    load_xs<HDC_A>(P.attn, xs, 1); /* bf16 values */
     for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
         int n0 = task * 16;
-        MatTile m[1] = {mat_tile(o, 0, n0, xs)};
-        gemv_tile<16, 1>(m, HDC_A / 32, red, out);
+        MatTile m[1] = {mat_tile(o, 0, n0, xb, 1)};
+        gemv_tile<16, 1, HDC_A>(m, red, out);
         if (threadIdx.x < 16) {
             int n = n0 + threadIdx.x;
             P.h[n] = bfr(ldcg(P.h + n) + bfr(out[threadIdx.x]));

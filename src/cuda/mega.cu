@@ -13,26 +13,54 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     int mark = 0;
+    /* Thread 0 of each CTA asks L2 for the bytes of this CTA's next phases
+     * as soon as they are known, so that DRAM streams while the current
+     * phase computes and waits at its barrier. */
+    const bool pf = P.prefetch && threadIdx.x == 0;
     phase_mark(P.timers, mark);
+    if (pf) {
+        if (P.layers[0].kind == 'K')
+            kda_proj_prefetch(P.layers[0]);
+        else
+            mla_proj_prefetch(P.layers[0]);
+    }
 
     for (int l = 0; l < P.n_layers; l++) {
         const LayerDev &L = P.layers[l];
         const bool first = l == 0, last = l == P.n_layers - 1;
+        unsigned long long *tr = l == 0 ? P.trace : nullptr;
+        trace_mark(tr, 0);
         if (L.kind == 'K') {
+            if (pf) {
+                kda_delta_prefetch(P, L);
+                out_proj_prefetch(L.p[4]);
+            }
             kda_proj(P, L, first, sm);
+            trace_mark(tr, 1);
             grid_sync(P.bar);
+            trace_mark(tr, 2);
             phase_mark(P.timers, mark);
+            if (pf)
+                moe_router_prefetch(P, L);
             kda_delta(P, L, sm);
+            trace_mark(tr, 3);
             grid_sync(P.bar);
+            trace_mark(tr, 4);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[4], sm);
         } else {
+            if (pf)
+                mla_kvb_prefetch(L);
             mla_proj(P, L, first, sm);
             grid_sync(P.bar);
             phase_mark(P.timers, mark);
+            if (pf)
+                out_proj_prefetch(L.p[3]);
             mla_absorb(P, L, sm);
             grid_sync(P.bar);
             phase_mark(P.timers, mark);
+            if (pf)
+                moe_router_prefetch(P, L);
             mla_attend(P, L, sm);
             grid_sync(P.bar);
             phase_mark(P.timers, mark);
@@ -41,15 +69,28 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm);
         }
+        trace_mark(tr, 5);
         grid_sync(P.bar);
+        trace_mark(tr, 6);
         phase_mark(P.timers, mark);
         moe_router(P, L, sm);
+        trace_mark(tr, 7);
         grid_sync(P.bar);
+        trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
+        trace_mark(tr, 9);
         grid_sync(P.bar);
+        trace_mark(tr, 10);
         phase_mark(P.timers, mark);
+        if (pf && !last) {
+            if (P.layers[l + 1].kind == 'K')
+                kda_proj_prefetch(P.layers[l + 1]);
+            else
+                mla_proj_prefetch(P.layers[l + 1]);
+        }
         moe_down(P, L, last, sm);
+        trace_mark(tr, 11);
         if (!last)
             grid_sync(P.bar);
         phase_mark(P.timers, mark);

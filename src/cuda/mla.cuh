@@ -9,7 +9,6 @@
 #define MLA_Q 6144   /* 32 heads x 192 */
 #define MLA_KV 576   /* 512 latent + 64 rope */
 #define MLA_TB 32    /* tokens per block of the attention */
-#define MERGE_STATS 16384 /* floats: where the merge keeps split statistics */
 
 /* RoPE of the pair (e, o) at rope index r, position pos: this thread's
  * half (odd = the second value). */
@@ -27,6 +26,7 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
                          float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, first ? P.hin : nullptr, L.attn_norm, xs, sm + SM_MISC);
     if (first && blockIdx.x == 0)
         for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
@@ -35,8 +35,8 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
         bool isq = task < MLA_Q / 32;
         int n0 = isq ? task * 32 : (task - MLA_Q / 32) * 32;
-        MatTile m[1] = {mat_tile(isq ? L.p[0] : L.p[1], 0, n0, xs)};
-        gemv_tile<32, 1>(m, HDC_D / 32, red, out);
+        MatTile m[1] = {mat_tile(isq ? L.p[0] : L.p[1], 0, n0, xb, 1)};
+        gemv_tile<32, 1, HDC_D>(m, red, out);
         if (threadIdx.x < 32) {
             int t = threadIdx.x, n = n0 + t;
             float v = bfr(out[t]);
@@ -58,61 +58,103 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     }
 }
 
-/* Phase 2: ql_h = W_k,h q_nope,h for each head (32 tasks).  Thread (column
- * n = tid % 128, group g = tid / 128) takes chunks 4g .. 4g + 3 of the 16;
- * each warp sums its 32 columns' products by a transposing butterfly. */
+__device__ __forceinline__ uint32_t movtrans(uint32_t a)
+{
+    uint32_t d;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+
+/* Phase 2: ql_h = W_k,h q_nope,h for each head: the product runs over the
+ * columns of kv_b, so each dequantized 16 x 16 fragment is transposed
+ * (movmatrix) before the mma.  A warp takes one head and 64 of the 512
+ * latent rows (256 warp tasks over the grid): 8 units of 16 columns, all
+ * loads in flight at once; q_nope enters as hi + mid + lo like x. */
 __device__ __noinline__ void mla_absorb(const StepParams &P, const LayerDev &L, float *sm)
 {
+    (void)sm;
     const QMat &kvb = L.p[2];
-    float *red = sm; /* [16 chunks][4 warps][32] */
-    const int n = threadIdx.x & 127, g = threadIdx.x >> 7;
-    const int wq = n >> 5, lane = threadIdx.x & 31;
-    for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
-        int col = hh * 256 + n;
-        float qn = ldcg(P.q + hh * 192 + n);
-        uint32_t sz = __ldg(kvb.sz + (size_t)g * kvb.N + col);
-        float scale = __uint_as_float(sz << 16), zero = __uint_as_float(sz & 0xffff0000u);
-        uint4 qw[4];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    for (int task = w * gridDim.x + blockIdx.x; task < 256;
+         task += gridDim.x * HDC_WARPS) {
+        const int hh = task >> 3, kb = task & 7;
+        uint4 q[8];
+        uint2 za[8], zb[8], bq[8];
 #pragma unroll
-        for (int cc = 0; cc < 4; cc++)
-            qw[cc] = ld_stream(kvb.w + (size_t)(g * 4 + cc) * kvb.N + col);
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-            float v[32];
-            uint32_t words[4] = {qw[cc].x, qw[cc].y, qw[cc].z, qw[cc].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    v[i * 8 + b] = bfr((nib(lo, b) - zero) * scale) * qn;
-                    v[i * 8 + 4 + b] = bfr((nib(hi, b) - zero) * scale) * qn;
-                }
-            }
-#pragma unroll
-            for (int s = 16; s >= 1; s >>= 1) {
-                bool up = (lane & s) != 0;
-#pragma unroll
-                for (int i = 0; i < s; i++) {
-                    float send = up ? v[i] : v[i + s];
-                    float keep = up ? v[i + s] : v[i];
-                    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, s);
-                }
-            }
-            red[((g * 4 + cc) * 4 + wq) * 32 + lane] = v[0];
+        for (int i = 0; i < 8; i++) {
+            const int nb = hh * 16 + i;
+            q[i] = ld_stream(kvb.w + ((size_t)nb * 8 + kb) * 32 + lane);
+            const uint2 *sp = kvb.sz + ((size_t)nb * 4 + (kb >> 1)) * 16 + g;
+            za[i] = __ldg(sp);
+            zb[i] = __ldg(sp + 8);
         }
-        __syncthreads();
-        {
-            int k = threadIdx.x; /* 512 threads, 512 latent dims */
-            int c = k >> 5, l = k & 31;
-            float t = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                t += red[(c * 4 + i) * 32 + l];
-            P.ql[hh * 512 + k] = t;
+        for (int i = 0; i < 8; i++) {
+            bq[i] = make_uint2(0u, 0u);
+            if (lane < 12) {
+                const float *qp = P.q + hh * 192 + 16 * i + 2 * tq;
+                bq[i] = make_uint2(bf2_pack(bf_part(ldcg(qp), g), bf_part(ldcg(qp + 1), g)),
+                                   bf2_pack(bf_part(ldcg(qp + 8), g), bf_part(ldcg(qp + 9), g)));
+            }
         }
-        __syncthreads();
+        float acc[4][4];
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+            acc[st][0] = acc[st][1] = acc[st][2] = acc[st][3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const Deq a = deq_consts(za[i]), b = deq_consts(zb[i]);
+            const uint32_t words[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
+#pragma unroll
+            for (int st = 0; st < 4; st++) {
+                uint32_t v = words[st];
+                /* rows: columns n of kv_b; after the transposes: latent rows */
+                uint32_t r0 = movtrans(deq(v, a.c1, a.s2, a.c2));
+                uint32_t r1 = movtrans(deq(v >> 4, b.c1, b.s2, b.c2));
+                uint32_t r2 = movtrans(deq(v >> 8, a.c1, a.s2, a.c2));
+                uint32_t r3 = movtrans(deq(v >> 12, b.c1, b.s2, b.c2));
+                mma_bf16(acc[st], r0, r2, r1, r3, bq[i].x, bq[i].y);
+            }
+        }
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+            float lo0 = __shfl_down_sync(0xffffffffu, acc[st][0], 1);
+            float lo2 = __shfl_down_sync(0xffffffffu, acc[st][2], 1);
+            if (tq == 0) {
+                float *o = P.ql + hh * 512 + kb * 64 + 16 * st + g;
+                o[0] = (acc[st][0] + acc[st][1]) + lo0;
+                o[8] = (acc[st][2] + acc[st][3]) + lo2;
+            }
+        }
     }
+}
+
+__device__ void mla_proj_prefetch(const LayerDev &L)
+{
+    for (int task = blockIdx.x; task < MLA_Q / 32 + MLA_KV / 32; task += gridDim.x) {
+        bool isq = task < MLA_Q / 32;
+        prefetch_cols(isq ? L.p[0] : L.p[1], 0,
+                      isq ? task * 32 : (task - MLA_Q / 32) * 32, 32);
+    }
+}
+
+/* W_k for the absorb's warp tasks of this CTA, W_v for its merge. */
+__device__ void mla_kvb_prefetch(const LayerDev &L)
+{
+    const QMat &kvb = L.p[2];
+    for (int w = 0; w < HDC_WARPS; w++) {
+        int task = w * gridDim.x + blockIdx.x;
+        if (task >= 256)
+            break;
+        int hh = task >> 3, kb = task & 7;
+        for (int i = 0; i < 8; i++)
+            l2_prefetch(kvb.w + ((size_t)(hh * 16 + i) * 8 + kb) * 32, 512);
+        if (kb == 0) /* the head's W_k constants: 8 blocks x 4 groups */
+            l2_prefetch(kvb.sz + (size_t)hh * 16 * 4 * 16, 8 * 4 * 128);
+    }
+    for (int hh = blockIdx.x; hh < 32; hh += gridDim.x)
+        prefetch_cols(kvb, 0, hh * 256 + 128, 128);
 }
 
 /* Phase 3: attention over this CTA's split of the pos + 1 tokens, all 32
@@ -269,6 +311,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int T = P.pos + 1;
     for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
         /* The splits' statistics, loaded in parallel, then their weights. */
@@ -307,11 +350,11 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
             num += e * ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + d);
         }
         xs[(d >> 5) * HDC_XS_STRIDE + (d & 31)] = num / den;
-        xs_chunk_sums(xs, 512);
+        xs_finish(xs, 512, 3); /* fp32 values */
         int c0 = hh * 256 + 128;
-        MatTile m[4] = {mat_tile(L.p[2], 0, c0, xs), mat_tile(L.p[2], 0, c0 + 32, xs),
-                        mat_tile(L.p[2], 0, c0 + 64, xs), mat_tile(L.p[2], 0, c0 + 96, xs)};
-        gemv_tile<32, 4>(m, 512 / 32, red, out);
+        MatTile m[4] = {mat_tile(L.p[2], 0, c0, xb, 3), mat_tile(L.p[2], 0, c0 + 32, xb, 3),
+                        mat_tile(L.p[2], 0, c0 + 64, xb, 3), mat_tile(L.p[2], 0, c0 + 96, xb, 3)};
+        gemv_tile<32, 4, 512>(m, red, out);
         if (threadIdx.x < 128)
             P.attn[hh * 128 + threadIdx.x] = bfr(out[threadIdx.x]);
     }

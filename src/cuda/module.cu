@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 
 #include "hd_cuda.h"
@@ -169,8 +170,12 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         };
         auto qm = [&](const hd_qlinear *q, QMat *m) {
             size_t b = hdc_repack_bytes(q->k, q->n, q->count);
-            hdc_repack(q->w_q, q->scales, q->zeros, q->k, q->n, q->count, hb + off,
-                       db + off, m);
+            if (hdc_repack(q->w_q, q->scales, q->zeros, q->k, q->n, q->count,
+                           hb + off, db + off, m) != 0 && st == HD_OK)
+                st = fail(err, err_size, HD_ERR_BACKEND,
+                          "a %d x %d int4 map has a scale or zero the CUDA "
+                          "kernel cannot dequantize exactly (non-finite, or "
+                          "frac(zero) * scale not a bf16)", q->k, q->n);
             off += b;
         };
         for (int i = 0; i < model->n_layers; i++) {
@@ -206,6 +211,8 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
             qm(&L->moe.s_down, &d->sdown);
         }
     }
+    if (st != HD_OK)
+        goto out;
     CK(cudaMemcpy(cm->weights, host.data(), total, cudaMemcpyHostToDevice));
     std::vector<uint8_t>().swap(host);
     CK(cudaMalloc((void **)&cm->layers, sizeof(LayerDev) * model->n_layers));
@@ -217,8 +224,10 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
     cm->parts_splits = (size_t)cm->grid;
     nf = HD_HIDDEN + 4 * 4096 + 32 + 4096 + 6144 + 32 * 512 + pad256(E * 4) / 4 +
          9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART;
-    CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
-    CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8));
+    CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
+                                    (size_t)cm->grid * 32 * 8));
+    CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
+                                      (size_t)cm->grid * 32 * 8));
     f = (float *)cm->scratch;
     {
         StepParams &p = cm->base;
@@ -240,6 +249,10 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.hout = (uint16_t *)f + HD_HIDDEN;
         p.bar = (unsigned *)((uint16_t *)f + 2 * HD_HIDDEN);
         p.timers = (unsigned long long *)((uint8_t *)p.bar + 256);
+        /* HD_CUDA_PREFETCH=0 turns the L2 prefetch off (for measuring it) */
+        const char *pf = getenv("HD_CUDA_PREFETCH");
+        p.prefetch = !(pf && strcmp(pf, "0") == 0);
+        p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     snprintf(model->backend_info, sizeof model->backend_info,
@@ -408,6 +421,30 @@ static void print_phases(const hd_model *model, const StepParams *p,
                     (double)(t[k] - t[k - 1]) * 1e-3);
     }
     fprintf(stderr, " total=%.1f\n", (double)(t[k - 1] - t[0]) * 1e-3);
+    if (p->trace) {
+        CudaModel *cm = (CudaModel *)model->backend_ctx;
+        std::vector<unsigned long long> tr((size_t)cm->grid * 32);
+        if (cudaMemcpy(tr.data(), p->trace, tr.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return;
+        unsigned long long t0 = ~0ull;
+        for (int b = 0; b < cm->grid; b++)
+            if (tr[(size_t)b * 32] && tr[(size_t)b * 32] < t0)
+                t0 = tr[(size_t)b * 32];
+        fprintf(stderr, "trace (us from the first CTA at point 0: min med max):");
+        for (int id = 0; id < 32; id++) {
+            std::vector<double> v;
+            for (int b = 0; b < cm->grid; b++)
+                if (tr[(size_t)b * 32 + id] >= t0 && tr[(size_t)b * 32 + id])
+                    v.push_back((double)(tr[(size_t)b * 32 + id] - t0) * 1e-3);
+            if (v.empty())
+                continue;
+            std::sort(v.begin(), v.end());
+            fprintf(stderr, " [%d] %.1f %.1f %.1f (%zu)", id, v.front(), v[v.size() / 2],
+                    v.back(), v.size());
+        }
+        fprintf(stderr, "\n");
+        cudaMemset(p->trace, 0, tr.size() * 8);
+    }
 }
 
 static hd_status cuda_step(const hd_model *model, hd_state *state,

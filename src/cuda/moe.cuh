@@ -13,15 +13,18 @@
 __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
     const int E = P.experts;
     const int ntask = MOE_I / 32 + (E + HDC_WARPS - 1) / HDC_WARPS;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    trace_mark(tr, 14);
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
         if (task < MOE_I / 32) {
             int n0 = task * 32;
-            MatTile m[2] = {mat_tile(L.sgate, 0, n0, xs), mat_tile(L.sup, 0, n0, xs)};
-            gemv_tile<32, 2>(m, HDC_D / 32, red, out);
+            MatTile m[2] = {mat_tile(L.sgate, 0, n0, xb, 1), mat_tile(L.sup, 0, n0, xb, 1)};
+            gemv_tile<32, 2, HDC_D>(m, red, out);
             if (threadIdx.x < 32)
                 P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[32 + threadIdx.x];
         } else {
@@ -53,75 +56,90 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     }
 }
 
-/* a ranks above b: the larger number, NaN below every number, ties to the
- * lower index; index -1 is "none". */
-__device__ __forceinline__ bool ranks_above(float av, int ai, float bv, int bi)
+__device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
 {
-    if (ai < 0)
-        return false;
-    if (bi < 0)
-        return true;
-    bool an = isnan(av), bn = isnan(bv);
-    if (an || bn)
-        return an && bn ? ai < bi : bn;
-    if (av != bv)
-        return av > bv;
-    return ai < bi;
+    const int E = P.experts;
+    const int ntask = MOE_I / 32 + (E + HDC_WARPS - 1) / HDC_WARPS;
+    for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
+        if (task < MOE_I / 32) {
+            prefetch_cols(L.sgate, 0, task * 32, 32);
+            prefetch_cols(L.sup, 0, task * 32, 32);
+        } else {
+            int e0 = (task - MOE_I / 32) * HDC_WARPS, n = min(HDC_WARPS, E - e0);
+            l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)n * HDC_D * 2);
+        }
+    }
 }
 
-/* Top-8 of the logits into sel[8] / wt[8] (shared memory), by warp 0; the
- * indices are always 8 distinct values in [0, E).  The logits are first
- * staged in shared memory (stage: room for TOP8_STAGE) by all threads.
- * Ends with a barrier. */
+/* An order-preserving integer of a logit: larger numbers give larger
+ * keys, -0 and +0 the same, NaN 0 (below every number). */
+__device__ __forceinline__ uint32_t rank_key(float v)
+{
+    if (isnan(v))
+        return 0u;
+    uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Top-8 of the logits into sel[8] / wt[8] (shared memory); the indices are
+ * always 8 distinct values in [0, E).  Every thread ranks its experts: the
+ * rank of e is the number of experts above it (a larger key, or the same
+ * key and a lower index: a strict total order, so ranks 0..7 are taken
+ * exactly once), counted until it reaches 8.  Keys are staged in shared
+ * memory (stage: room for TOP8_STAGE).  Ends with a barrier. */
 #define TOP8_STAGE 4096
 __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
                                   float *stage)
 {
-    const bool staged = P.experts <= TOP8_STAGE;
-    if (staged) {
-        for (int e = threadIdx.x; e < P.experts; e += HDC_THREADS)
-            stage[e] = ldcg(P.logits + e);
+    const int E = P.experts;
+    if (E <= TOP8_STAGE - 4) {
+        /* keys in shared memory, padded to a multiple of 4 with key 0 at
+         * indices >= E (never above anything: index too high) */
+        uint32_t *key = reinterpret_cast<uint32_t *>(stage);
+        const int E4 = (E + 3) & ~3;
+        for (int e = threadIdx.x; e < E4; e += HDC_THREADS)
+            key[e] = e < E ? rank_key(ldcg(P.logits + e)) : 0u;
         __syncthreads();
-    }
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        for (int j = 0; j < 8; j++) {
-            float bv = 0.0f;
-            int bi = -1;
-            for (int e = lane; e < P.experts; e += 32) {
-                bool taken = false;
-                for (int i = 0; i < j; i++)
-                    taken |= sel[i] == e;
-                float v = staged ? stage[e] : ldcg(P.logits + e);
-                if (!taken && ranks_above(v, e, bv, bi)) {
-                    bv = v;
-                    bi = e;
-                }
-            }
+        for (int e = threadIdx.x; e < E; e += HDC_THREADS) {
+            const uint32_t ke = key[e];
+            int r = 0;
+            for (int i = 0; i < E4 && r < 8; i += 8) {
+                const uint4 a = *reinterpret_cast<const uint4 *>(key + i);
+                const uint4 b = i + 4 < E4 ? *reinterpret_cast<const uint4 *>(key + i + 4)
+                                           : make_uint4(0u, 0u, 0u, 0u);
+                const uint32_t k8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ranks_above(ov, oi, bv, bi)) {
-                    bv = ov;
-                    bi = oi;
-                }
+                for (int u = 0; u < 8; u++)
+                    r += (k8[u] > ke) | ((k8[u] == ke) & (i + u < e));
             }
-            if (lane == 0) {
-                sel[j] = bi;
-                wt[j] = bv;
+            if (r < 8) {
+                sel[r] = e;
+                wt[r] = ldcg(P.logits + e);
             }
-            __syncwarp();
         }
-        if (lane == 0) {
-            float total = 0.0f, w8[8];
-            for (int j = 0; j < 8; j++) {
-                w8[j] = expf(wt[j] - wt[0]);
-                total += w8[j];
+    } else {
+        for (int e = threadIdx.x; e < E; e += HDC_THREADS) {
+            const uint32_t ke = rank_key(ldcg(P.logits + e));
+            int r = 0;
+            for (int i = 0; i < E && r < 8; i++) {
+                uint32_t ki = rank_key(ldcg(P.logits + i));
+                r += (ki > ke) | ((ki == ke) & (i < e));
             }
-            for (int j = 0; j < 8; j++)
-                wt[j] = w8[j] / total * 2.446f;
+            if (r < 8) {
+                sel[r] = e;
+                wt[r] = ldcg(P.logits + e);
+            }
         }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f, w8[8];
+        for (int j = 0; j < 8; j++) {
+            w8[j] = expf(wt[j] - wt[0]);
+            total += w8[j];
+        }
+        for (int j = 0; j < 8; j++)
+            wt[j] = w8[j] / total * 2.446f;
     }
     __syncthreads();
 }
@@ -133,19 +151,38 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     int *sel = reinterpret_cast<int *>(sm + SM_MISC + 32);
     float *wt = sm + SM_MISC + 40;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
+    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    trace_mark(tr, 15);
     top8(P, sel, wt, red);
+    trace_mark(tr, 16);
     if (blockIdx.x == 0 && threadIdx.x < 8) {
         P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
         P.route[8 + threadIdx.x] = wt[threadIdx.x];
     }
+    if (P.prefetch && threadIdx.x == 0) {
+        /* this phase's later tasks, then the down projections' */
+        for (int task = blockIdx.x + gridDim.x; task < 8 * (MOE_I / 32); task += gridDim.x) {
+            int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
+            prefetch_cols(L.gate, sel[j], n0, 32);
+            prefetch_cols(L.up, sel[j], n0, 32);
+        }
+        for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
+            for (int j = 0; j < 8; j++)
+                prefetch_cols(L.down, sel[j], task * 16, 16);
+            prefetch_cols(L.sdown, 0, task * 16, 16);
+        }
+    }
     for (int task = blockIdx.x; task < 8 * (MOE_I / 32); task += gridDim.x) {
         int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
         int e = sel[j];
-        MatTile m[2] = {mat_tile(L.gate, e, n0, xs), mat_tile(L.up, e, n0, xs)};
-        gemv_tile<32, 2>(m, HDC_D / 32, red, out);
+        MatTile m[2] = {mat_tile(L.gate, e, n0, xb, 1), mat_tile(L.up, e, n0, xb, 1)};
+        gemv_tile<32, 2, HDC_D>(m, red, out);
         if (threadIdx.x < 32)
             P.ff[j * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[32 + threadIdx.x];
+        if (task == blockIdx.x)
+            trace_mark(tr, 17);
     }
 }
 
@@ -157,7 +194,10 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     if (blockIdx.x >= HDC_D / 16)
         return;
-    load_xs<9 * MOE_I>(P.ff, xs);
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
+    load_xs<9 * MOE_I>(P.ff, xs, 3); /* fp32 values */
+    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    trace_mark(tr, 18);
     int sel[8];
     float wt[8];
 #pragma unroll
@@ -165,15 +205,15 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
         sel[j] = __float_as_int(ldcg(P.route + j));
         wt[j] = ldcg(P.route + 8 + j);
     }
-    const int KC = MOE_I / 32;
+    const int XBM = MOE_I / 16 * 12; /* B fragment entries of one map */
     for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
         int n0 = task * 16;
         MatTile m[9];
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            m[j] = mat_tile(L.down, sel[j], n0, xs + j * KC * HDC_XS_STRIDE);
-        m[8] = mat_tile(L.sdown, 0, n0, xs + 8 * KC * HDC_XS_STRIDE);
-        gemv_tile<16, 9>(m, KC, red, out);
+            m[j] = mat_tile(L.down, sel[j], n0, xb + j * XBM, 3);
+        m[8] = mat_tile(L.sdown, 0, n0, xb + 8 * XBM, 3);
+        gemv_tile<16, 9, MOE_I>(m, red, out);
         if (threadIdx.x < 16) {
             int n = n0 + threadIdx.x;
             float acc = 0.0f;
