@@ -29,6 +29,12 @@ export PATH=$PATH:/usr/local/cuda/bin
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
 
 b=/tmp/hd-build
+# A machine kept warm between calls still has the last build: rebuild when
+# the tarball is not the one that build came from.
+sum=$(cat "$here"/hybrid-decode-*.tar.gz | md5sum | cut -d' ' -f1)
+if [ "$(cat $b/.tarball-md5 2>/dev/null)" != "$sum" ]; then
+    rm -rf $b
+fi
 if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     rm -rf /tmp/hd-src && mkdir -p /tmp/hd-src && tar xzf "$here"/hybrid-decode-*.tar.gz -C /tmp/hd-src
     srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
@@ -38,6 +44,7 @@ if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
     make -j16 >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
     make -j16 tests/bench_cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    echo "$sum" >$b/.tarball-md5
 fi
 cd $b
 export HD_CUDA_MODULE=$b/.libs/hd-cuda.so
