@@ -112,7 +112,10 @@ HD_API const char *hd_status_string(hd_status status);
 
 typedef enum hd_backend {
     HD_BACKEND_DEFAULT = 0, /* the HD_BACKEND environment variable, else auto */
-    HD_BACKEND_AUTO = 1,    /* CUDA if usable, else CPU, else the reference */
+    HD_BACKEND_AUTO = 1,    /* CUDA if usable, else CPU, else the reference;
+                               a backend that refuses the model (no room
+                               on the GPU, weights its kernel cannot
+                               compute exactly) hands it to the next */
     HD_BACKEND_REF = 2,     /* the plain C reference: one thread, the definition */
     HD_BACKEND_CPU = 3,     /* OpenMP + SIMD CPU backend */
     HD_BACKEND_CUDA = 4     /* the CUDA megakernel (a loadable module) */

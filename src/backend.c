@@ -58,7 +58,7 @@ hd_status hd_backend_available(hd_backend backend, char *err, size_t err_size)
 {
     const hd_backend_ops *ops;
     if (backend == HD_BACKEND_DEFAULT || backend == HD_BACKEND_AUTO)
-        return hd_backend_choose(backend, &ops, err, err_size);
+        return hd_backend_choose(backend, &ops, NULL, err, err_size);
     ops = hd_backend_ops_get(backend);
     if (!ops) {
         if (backend == HD_BACKEND_CPU || backend == HD_BACKEND_CUDA)
@@ -71,14 +71,33 @@ hd_status hd_backend_available(hd_backend backend, char *err, size_t err_size)
     return ops->probe(err, err_size);
 }
 
-hd_status hd_backend_choose(hd_backend requested, const hd_backend_ops **ops,
-                            char *err, size_t err_size)
+static const hd_backend auto_preference[] = { HD_BACKEND_CUDA, HD_BACKEND_CPU,
+                                              HD_BACKEND_REF };
+
+const hd_backend_ops *hd_backend_auto_next(const hd_backend_ops *after)
 {
-    static const hd_backend preference[] = { HD_BACKEND_CUDA, HD_BACKEND_CPU,
-                                             HD_BACKEND_REF };
+    size_t n = sizeof auto_preference / sizeof auto_preference[0], i = 0;
+
+    while (i < n && hd_backend_ops_get(auto_preference[i]) != after)
+        i++;
+    for (i++; i < n; i++) {
+        const hd_backend_ops *o = hd_backend_ops_get(auto_preference[i]);
+        if (o && o->probe(NULL, 0) == HD_OK)
+            return o;
+    }
+    return NULL;
+}
+
+hd_status hd_backend_choose(hd_backend requested, const hd_backend_ops **ops,
+                            int *automatic, char *err, size_t err_size)
+{
+    const hd_backend *preference = auto_preference;
+    size_t n = sizeof auto_preference / sizeof auto_preference[0];
     hd_status st;
 
     *ops = NULL;
+    if (automatic)
+        *automatic = 0;
     if (requested == HD_BACKEND_DEFAULT) {
         const char *env = getenv("HD_BACKEND");
         requested = HD_BACKEND_AUTO;
@@ -93,10 +112,12 @@ hd_status hd_backend_choose(hd_backend requested, const hd_backend_ops **ops,
             *ops = hd_backend_ops_get(requested);
         return st;
     }
-    for (size_t i = 0; i < sizeof preference / sizeof preference[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         const hd_backend_ops *o = hd_backend_ops_get(preference[i]);
         if (o && o->probe(NULL, 0) == HD_OK) {
             *ops = o;
+            if (automatic)
+                *automatic = 1;
             return HD_OK;
         }
     }

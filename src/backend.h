@@ -65,9 +65,16 @@ hd_status hd_host_read_bandwidth(size_t bytes, int threads, int repeats,
 const hd_backend_ops *hd_backend_ops_get(hd_backend kind);
 
 /* Resolves DEFAULT (environment) and AUTO (probing) to a concrete backend
- * and returns its ops. */
+ * and returns its ops; *automatic (when not NULL) tells whether the choice
+ * was made by probing, so that the caller may fall back. */
 hd_status hd_backend_choose(hd_backend requested, const hd_backend_ops **ops,
-                            char *err, size_t err_size);
+                            int *automatic, char *err, size_t err_size);
+
+/* The next usable backend after `after` in auto's order of preference
+ * (cuda, cpu, ref), or NULL: where auto goes when the backend it chose
+ * refuses a model (a GPU without room for it, weights its kernel cannot
+ * compute exactly). */
+const hd_backend_ops *hd_backend_auto_next(const hd_backend_ops *after);
 
 /* The backends of this build. */
 extern const hd_backend_ops hd_ref_backend;

@@ -85,6 +85,7 @@ static hd_status model_start_backend(hd_model *m, const hd_options *opt,
     hd_options defaults;
     const hd_backend_ops *ops;
     hd_status st;
+    int automatic = 0;
 
     if (!opt) {
         hd_options_init(&defaults);
@@ -100,13 +101,24 @@ static hd_status model_start_backend(hd_model *m, const hd_options *opt,
     if (opt->device < 0)
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
                        "hd_options: device must be >= 0 (got %d)", opt->device);
-    st = hd_backend_choose(opt->backend, &ops, err, err_size);
+    st = hd_backend_choose(opt->backend, &ops, &automatic, err, err_size);
     if (st != HD_OK)
         return st;
     m->threads = opt->threads;
     m->device = opt->device;
     snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
     st = ops->model_init(m, err, err_size);
+    /* auto: a backend that refuses this model hands it to the next one */
+    while (st != HD_OK && automatic &&
+           (st == HD_ERR_BACKEND || st == HD_ERR_BACKEND_UNAVAILABLE ||
+            st == HD_ERR_OUT_OF_MEMORY)) {
+        const hd_backend_ops *next = hd_backend_auto_next(ops);
+        if (!next)
+            break;
+        ops = next;
+        snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
+        st = ops->model_init(m, err, err_size);
+    }
     if (st != HD_OK)
         return st;
     m->backend = ops;

@@ -1,6 +1,7 @@
 /* test_cuda.c - the CUDA backend: golden cases A and B, agreement with the
  * reference backend over E 16/64/256 and contexts 0 .. 32768, run-to-run
- * determinism, and the state import/export round trip.
+ * determinism, the state import/export round trip, and non-finite inputs
+ * and state.
  *
  * Exits 77 (skipped) when the CUDA backend is not usable here (no module,
  * driver or device).  Runs without forking (CK_FORK=no): CUDA does not
@@ -253,6 +254,60 @@ START_TEST(test_import_export)
 }
 END_TEST
 
+/* Non-finite numbers in the input, in S, in the conv cache and in cache
+ * rows: every step completes (HD_OK), a full cache is still a status, and
+ * after a reset the state steps to finite outputs again.  (Non-finite
+ * weight scales or zeros are refused at model load: repack.cu.) */
+START_TEST(test_nonfinite)
+{
+    hd_model *cu = synth_cuda(4, 16);
+    hd_state *s = tu_state_new(cu, 4);
+    uint16_t in[HD_HIDDEN], out[HD_HIDDEN];
+    size_t s_bytes = 0, conv_bytes = 0, bad = 0;
+
+    tu_input(9, 0, in);
+    in[0] = 0x7fc0u; /* NaN */
+    in[1] = 0x7f80u; /* +Inf */
+    ck_assert_int_eq(hd_step(cu, s, in, out), HD_OK);
+    ck_assert_int_eq(hd_state_reset(s), HD_OK);
+
+    ck_assert_int_eq(hd_state_tensor_bytes(s, 0, HD_STATE_S, &s_bytes), HD_OK);
+    ck_assert_int_eq(hd_state_tensor_bytes(s, 0, HD_STATE_CONV_K, &conv_bytes), HD_OK);
+    uint32_t *S = tu_xcalloc(s_bytes, 1);
+    for (size_t i = 0; i < s_bytes / 4; i += 2)
+        S[i] = 0x7fc00000u;
+    ck_assert_int_eq(hd_state_import(s, 0, HD_STATE_S, S, s_bytes), HD_OK);
+    uint16_t *conv = tu_xcalloc(conv_bytes, 1);
+    for (size_t i = 0; i < conv_bytes / 2; i += 3)
+        conv[i] = 0xff80u; /* -Inf */
+    ck_assert_int_eq(hd_state_import(s, 0, HD_STATE_CONV_K, conv, conv_bytes), HD_OK);
+    uint16_t ckv[2 * HD_MLA_KV_LORA], kr[2 * HD_MLA_QK_ROPE];
+    ck_assert_int_eq(hd_synth_cache(4, 2, ckv, kr), HD_OK);
+    for (int i = 0; i < HD_MLA_KV_LORA; i++)
+        ckv[HD_MLA_KV_LORA + i] = 0x7fc0u;
+    ck_assert_int_eq(hd_state_prefill(s, 2, ckv, kr), HD_OK);
+    for (int t = 0; t < 2; t++) {
+        tu_input(9, (uint64_t)t + 1, in);
+        ck_assert_int_eq(hd_step(cu, s, in, out), HD_OK);
+        bad += !tu_all_finite_bf16(out, HD_HIDDEN);
+    }
+    ck_assert_uint_eq(hd_state_context(s), 4);
+    printf("cuda non-finite state: 2 steps HD_OK, %zu with non-finite outputs\n", bad);
+    ck_assert_msg(bad > 0, "the non-finite state did not propagate");
+    tu_input(9, 3, in);
+    ck_assert_int_eq(hd_step(cu, s, in, out), HD_ERR_CACHE_FULL);
+
+    ck_assert_int_eq(hd_state_reset(s), HD_OK);
+    tu_input(9, 4, in);
+    ck_assert_int_eq(hd_step(cu, s, in, out), HD_OK);
+    ck_assert_msg(tu_all_finite_bf16(out, HD_HIDDEN), "not finite after a reset");
+    free(S);
+    free(conv);
+    hd_state_free(s);
+    hd_model_free(cu);
+}
+END_TEST
+
 int main(void)
 {
     char err[512] = "";
@@ -281,6 +336,7 @@ int main(void)
     tcase_add_test(tc, test_golden_b);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_import_export);
+    tcase_add_test(tc, test_nonfinite);
     tcase_add_loop_test(tc, test_vs_ref, 0, (int)(sizeof VS / sizeof VS[0]));
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
