@@ -45,8 +45,13 @@ static void isa_vsincos(const float *a, float *s, float *c, int n)
 #define GVW 8
 #include "cpu_kern_generic.h"
 
-/* Bytes ahead to prefetch along each of the two streams of tiles. */
-#define PF_BYTES 1024
+/* Bytes ahead to prefetch.  A two-pair pass reads two streams of one
+ * pair's tiles each (a few KB), so the hardware prefetcher sees only short
+ * streams; the kernel instead prefetches the memory that follows the pass,
+ * linearly, PF_AHEAD bytes ahead (cold, one thread: 1.5x faster than
+ * prefetching 1 KB ahead within each stream; 2, 4, 8 and 16 KB tried). */
+#define PF_AHEAD 4096
+#define PF_BYTES 1024               /* the one-pair tail: along its stream */
 
 /* The two 16-entry tables of one tile (cpu.h): lane A (column A) and lane
  * B hold the low (TL) and high (TH) bytes of bf((v - z) * s), v = 0..15,
@@ -135,6 +140,7 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
     int p = p0;
     for (; p + 2 <= p1; p += 2) {
         const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
+        const char *pf = (const char *)ta + PF_AHEAD;
         __m256 ae = _mm256_setzero_ps(), ao = _mm256_setzero_ps();
         __m256 be = _mm256_setzero_ps(), bo = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
@@ -142,10 +148,10 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
             const uint8_t *u = tb + (size_t)g * CPU_TILE_BYTES;
             const float *xg = xd + (size_t)g * 2 * CPU_GROUP;
             __m256i TLa, THa, TLb, THb;
-            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + PF_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + PF_BYTES + 72), _MM_HINT_T0);
+            /* the pass covers 2 * ps bytes in `groups` steps of 272 */
+            for (int l = 0; l < 2 * CPU_TILE_BYTES; l += 64)
+                _mm_prefetch(pf + l, _MM_HINT_T0);
+            pf += 2 * CPU_TILE_BYTES;
             tile_tables(t, &TLa, &THa);
             tile_tables(u, &TLb, &THb);
             for (int i = 0; i < 4; i++) {
