@@ -343,8 +343,9 @@ static int run_gemv(const bench_config *c)
             double t0 = now_s(), dt;
             for (int i = 0; i < copies; i++) {
                 cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0 };
+                int ctr = 0;
 #pragma omp parallel num_threads(threads)
-                cpu_gemv_multi(kern, &job, 1, y);
+                cpu_gemv_multi(kern, &job, 1, y, &ctr);
             }
             dt = (now_s() - t0) / copies;
             if (dt < best_g)

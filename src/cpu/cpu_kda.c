@@ -37,14 +37,15 @@ static void head_conv(const cpu_kernels *kern, const uint16_t *conv_w,
 }
 
 void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
-             float *S, uint16_t *conv, cpu_scratch *s)
+             float *S, uint16_t *conv, cpu_scratch *s, cpu_thread *th)
 {
     const cpu_kernels *kern = cm->kern;
-    cpu_job job = cpu_job_of(&C->in_proj, 0, &s->xq_in, 0);
+    cpu_job job = cpu_job_of(&C->in_proj, 0, &th->xq, 0);
 
-    cpu_gemv_multi(kern, &job, 1, s->proj);
+    cpu_gemv_multi(kern, &job, 1, s->proj, cpu_next_ctr(th));
 
-#pragma omp for schedule(static)
+    /* dynamic: a preempted thread leaves its heads to the other */
+#pragma omp for schedule(dynamic, 1) nowait
     for (int h = 0; h < HD_KDA_HEADS; h++) {
         const int n0 = h * HD_;
         float o[HD_], beta;
@@ -60,14 +61,13 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
         for (int i = 0; i < HD_; i++)
             s->decay[n0 + i] = 1.0f / (1.0f + s->decay[n0 + i]);
         beta = hd_bf((float)kern->dot_bf16_f64(
-            s->x, w->beta_proj + (size_t)h * HD_HIDDEN, HD_HIDDEN));
+            th->x, w->beta_proj + (size_t)h * HD_HIDDEN, HD_HIDDEN));
         beta = 1.0f / (1.0f + expf(-beta));
         kern->kda_head(S + (size_t)h * HD_ * HD_, s->act[0] + n0,
                        s->act[1] + n0, s->act[2] + n0, s->decay + n0, beta, o);
         for (int i = 0; i < HD_; i++)
             s->attn[n0 + i] = hd_bf(o[i]);
     }
-    /* (implicit barrier) */
-#pragma omp single
-    cpu_prepare_x(s->attn, CPU_A, &s->xq_in);
+#pragma omp barrier
+    cpu_prepare_x(s->attn, CPU_A, &th->xq);
 }
