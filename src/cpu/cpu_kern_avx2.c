@@ -60,9 +60,17 @@ static void isa_vsincos(const float *a, float *s, float *c, int n)
  * clear (the same result as u + 0x7fff + bit 16, without shifts: shifts and
  * shuffles share two ports, the bottleneck of this kernel).  Checked against
  * hd_f32_to_bf16 on 6e8 random and tie cases (NaN: any NaN stays NaN). */
-static inline void tile_tables(const uint8_t *t, __m256i *TL, __m256i *TH)
+/* (v - z) * s rounded to bf16 (in the high half of each dword). */
+static inline __m256i round_bf16_hi(__m256 v, __m256 zv, __m256 sv)
 {
     const __m256i half = _mm256_set1_epi32(0x8000), m17 = _mm256_set1_epi32(0x1ffff);
+    __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_sub_ps(v, zv), sv));
+    __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(u, m17), half);
+    return _mm256_add_epi32(_mm256_add_epi32(u, half), tie);
+}
+
+static inline void tile_tables(const uint8_t *t, __m256i *TL, __m256i *TH)
+{
     /* bf16 word 0 (lane A) or 1 (lane B) -> the high half of every dword */
     const __m256i spread = _mm256_setr_epi8(
         -1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1,
@@ -77,20 +85,18 @@ static inline void tile_tables(const uint8_t *t, __m256i *TL, __m256i *TH)
         -1, -1, -1, -1, 2, 6, 10, 14, -1, -1, -1, -1, 3, 7, 11, 15);
     int32_t s2, z2;
     __m256 sv, zv;
-    __m256i r[4], X, Y;
+    __m256i r0, r1, r2, r3, X, Y;
     memcpy(&s2, t + CPU_TILE_W, 4);         /* scale A, scale B */
     memcpy(&z2, t + CPU_TILE_W + 4, 4);     /* zero A, zero B */
     sv = _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(s2), spread));
     zv = _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(z2), spread));
-    for (int m = 0; m < 4; m++) {
-        const float v = (float)(4 * m);
-        const __m256 vv = _mm256_setr_ps(v, v + 1, v + 2, v + 3, v, v + 1, v + 2, v + 3);
-        __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_sub_ps(vv, zv), sv));
-        __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(u, m17), half);
-        r[m] = _mm256_add_epi32(_mm256_add_epi32(u, half), tie);
-    }
-    X = _mm256_or_si256(_mm256_shuffle_epi8(r[0], pick0), _mm256_shuffle_epi8(r[1], pick1));
-    Y = _mm256_or_si256(_mm256_shuffle_epi8(r[2], pick0), _mm256_shuffle_epi8(r[3], pick1));
+    /* written out: a loop here stays a loop at -O2, through the stack */
+    r0 = round_bf16_hi(_mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3), zv, sv);
+    r1 = round_bf16_hi(_mm256_setr_ps(4, 5, 6, 7, 4, 5, 6, 7), zv, sv);
+    r2 = round_bf16_hi(_mm256_setr_ps(8, 9, 10, 11, 8, 9, 10, 11), zv, sv);
+    r3 = round_bf16_hi(_mm256_setr_ps(12, 13, 14, 15, 12, 13, 14, 15), zv, sv);
+    X = _mm256_or_si256(_mm256_shuffle_epi8(r0, pick0), _mm256_shuffle_epi8(r1, pick1));
+    Y = _mm256_or_si256(_mm256_shuffle_epi8(r2, pick0), _mm256_shuffle_epi8(r3, pick1));
     *TL = _mm256_unpacklo_epi64(X, Y);
     *TH = _mm256_unpackhi_epi64(X, Y);
 }
@@ -108,17 +114,22 @@ static inline void chunk(const uint8_t *t, __m256i TL, __m256i TH,
     __m256i H = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
     __m256i lL = _mm256_shuffle_epi8(TL, L), hL = _mm256_shuffle_epi8(TH, L);
     __m256i lH = _mm256_shuffle_epi8(TL, H), hH = _mm256_shuffle_epi8(TH, H);
-    __m256i w[4];
-    w[0] = _mm256_unpacklo_epi8(lL, hL);    /* inputs 0..7 of the chunk */
-    w[1] = _mm256_unpackhi_epi8(lL, hL);    /* 8..15 */
-    w[2] = _mm256_unpacklo_epi8(lH, hH);    /* 16..23 */
-    w[3] = _mm256_unpackhi_epi8(lH, hH);    /* 24..31 */
-    for (int j = 0; j < 4; j++) {
-        __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w[j], 16));
-        __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w[j], hm));
-        *ae = _mm256_fmadd_ps(we, _mm256_loadu_ps(xi + 16 * j), *ae);
-        *ao = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xi + 16 * j + 8), *ao);
-    }
+    __m256i w0 = _mm256_unpacklo_epi8(lL, hL);    /* inputs 0..7 of the chunk */
+    __m256i w1 = _mm256_unpackhi_epi8(lL, hL);    /* 8..15 */
+    __m256i w2 = _mm256_unpacklo_epi8(lH, hH);    /* 16..23 */
+    __m256i w3 = _mm256_unpackhi_epi8(lH, hH);    /* 24..31 */
+#define EVEN(w) _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
+#define ODD(w) _mm256_castsi256_ps(_mm256_and_si256(w, hm))
+    *ae = _mm256_fmadd_ps(EVEN(w0), _mm256_loadu_ps(xi + 0), *ae);
+    *ao = _mm256_fmadd_ps(ODD(w0), _mm256_loadu_ps(xi + 8), *ao);
+    *ae = _mm256_fmadd_ps(EVEN(w1), _mm256_loadu_ps(xi + 16), *ae);
+    *ao = _mm256_fmadd_ps(ODD(w1), _mm256_loadu_ps(xi + 24), *ao);
+    *ae = _mm256_fmadd_ps(EVEN(w2), _mm256_loadu_ps(xi + 32), *ae);
+    *ao = _mm256_fmadd_ps(ODD(w2), _mm256_loadu_ps(xi + 40), *ao);
+    *ae = _mm256_fmadd_ps(EVEN(w3), _mm256_loadu_ps(xi + 48), *ae);
+    *ao = _mm256_fmadd_ps(ODD(w3), _mm256_loadu_ps(xi + 56), *ao);
+#undef EVEN
+#undef ODD
 }
 
 static inline void store_pair(float *y, __m256 a)
@@ -149,15 +160,22 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
             const float *xg = xd + (size_t)g * 2 * CPU_GROUP;
             __m256i TLa, THa, TLb, THb;
             /* the pass covers 2 * ps bytes in `groups` steps of 272 */
-            for (int l = 0; l < 2 * CPU_TILE_BYTES; l += 64)
-                _mm_prefetch(pf + l, _MM_HINT_T0);
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 192, _MM_HINT_T0);
+            _mm_prefetch(pf + 256, _MM_HINT_T0);
             pf += 2 * CPU_TILE_BYTES;
             tile_tables(t, &TLa, &THa);
             tile_tables(u, &TLb, &THb);
-            for (int i = 0; i < 4; i++) {
-                chunk(t + 32 * i, TLa, THa, xg + 64 * i, &ae, &ao);
-                chunk(u + 32 * i, TLb, THb, xg + 64 * i, &be, &bo);
-            }
+            chunk(t, TLa, THa, xg, &ae, &ao);
+            chunk(u, TLb, THb, xg, &be, &bo);
+            chunk(t + 32, TLa, THa, xg + 64, &ae, &ao);
+            chunk(u + 32, TLb, THb, xg + 64, &be, &bo);
+            chunk(t + 64, TLa, THa, xg + 128, &ae, &ao);
+            chunk(u + 64, TLb, THb, xg + 128, &be, &bo);
+            chunk(t + 96, TLa, THa, xg + 192, &ae, &ao);
+            chunk(u + 96, TLb, THb, xg + 192, &be, &bo);
         }
         store_pair(y + 2 * p, _mm256_add_ps(ae, ao));
         store_pair(y + 2 * p + 2, _mm256_add_ps(be, bo));
