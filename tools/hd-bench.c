@@ -345,7 +345,7 @@ static int run_gemv(const bench_config *c)
                 cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0 };
                 int ctr = 0;
 #pragma omp parallel num_threads(threads)
-                cpu_gemv_multi(kern, &job, 1, y, &ctr);
+                cpu_gemv_multi(kern, &job, 1, y, &ctr, NULL);
             }
             dt = (now_s() - t0) / copies;
             if (dt < best_g)

@@ -159,13 +159,25 @@ static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
 void cpu_prepare_x(const float *x, int k, cpu_xq *q);
 
 /* ---- cpu_gemv.c ---- */
-/* Runs the jobs inside an OpenMP parallel region (every thread of the team
- * calls it with the same jobs and the same counter, zeroed before the
- * region): the column pairs of all jobs are cut into chunks that the
- * threads take in turn from *ctr, so that a thread the OS preempts holds
- * up only its chunk.  Ends with a barrier (none with one thread). */
+/* A barrier for the threads of one parallel region.  It spins for a few
+ * tens of microseconds, then sleeps (a futex on Linux): on a machine shared
+ * with other work, a thread that waits for a preempted partner frees its
+ * core, and the scheduler moves the partner onto it.  (OpenMP's own
+ * barriers spin for milliseconds by default; with one core busy elsewhere
+ * a step then crawled.) */
+typedef struct cpu_bar {
+    int count, gen, sleepers;
+} cpu_bar;
+void cpu_barrier(cpu_bar *b, int nt);
+
+/* Runs the jobs inside a parallel region (every thread of the team calls
+ * it with the same jobs, the same counter, zeroed before the region, and
+ * the same barrier): the column pairs of all jobs are cut into chunks that
+ * the threads take in turn from *ctr, so that a thread the OS preempts
+ * holds up only its chunk.  Ends with cpu_barrier(bar) when bar is not
+ * NULL (nothing to wait for with one thread). */
 void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
-                    float *y, int *ctr);
+                    float *y, int *ctr, cpu_bar *bar);
 
 /* ---- cpu_isa.c ---- */
 /* The instruction set to use: HD_CPU_ISA if set, else the best the CPU
@@ -194,12 +206,19 @@ typedef struct cpu_thread {
     int t, nt;                      /* this thread, team size */
     int *ctr;                       /* the step's sweep counters */
     int sweep;                      /* next counter to use */
+    cpu_bar *bar;                   /* the step's barrier */
 } cpu_thread;
 
 /* The counter of this thread's next sweep (the same on every thread). */
 static inline int *cpu_next_ctr(cpu_thread *th)
 {
     return th->ctr + th->sweep++;
+}
+
+/* All threads of the step meet here. */
+static inline void cpu_sync(cpu_thread *th)
+{
+    cpu_barrier(th->bar, th->nt);
 }
 
 /* Work memory of one state (cpu_step.c carves it out of the host state's
@@ -220,6 +239,7 @@ typedef struct cpu_scratch {
     float *mla_acc;                 /* [threads][32][512] */
     float *mla_work;                /* [threads][CPU_MLA_WORK] */
     cpu_thread *th;                 /* [threads] */
+    cpu_bar *bar;                   /* own cache line */
     int *ctr;                       /* [n_layers * CPU_SWEEPS_PER_LAYER] */
     int n_ctr;
     int threads;

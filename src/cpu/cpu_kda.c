@@ -42,7 +42,7 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
     const cpu_kernels *kern = cm->kern;
     cpu_job job = cpu_job_of(&C->in_proj, 0, &th->xq, 0);
 
-    cpu_gemv_multi(kern, &job, 1, s->proj, cpu_next_ctr(th));
+    cpu_gemv_multi(kern, &job, 1, s->proj, cpu_next_ctr(th), th->bar);
 
     /* dynamic: a preempted thread leaves its heads to the other */
 #pragma omp for schedule(dynamic, 1) nowait
@@ -68,6 +68,6 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
         for (int i = 0; i < HD_; i++)
             s->attn[n0 + i] = hd_bf(o[i]);
     }
-#pragma omp barrier
+    cpu_sync(th);
     cpu_prepare_x(s->attn, CPU_A, &th->xq);
 }

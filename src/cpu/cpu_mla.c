@@ -27,7 +27,7 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
     cpu_job jobs[NH];
 
     jobs[0] = cpu_job_of(&C->in_proj, 0, &th->xq, 0);
-    cpu_gemv_multi(kern, jobs, 1, s->proj, cpu_next_ctr(th));
+    cpu_gemv_multi(kern, jobs, 1, s->proj, cpu_next_ctr(th), th->bar);
 
     {   /* every thread: RoPE of the queries; the thread whose tokens end
          * at pos (the last) appends this token's cache rows, then reads
@@ -63,16 +63,16 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
             qn[i] = hd_bf(q[h * CPU_MLA_QK + i]);
         kern->absorb(C->wk + (size_t)h * HD_MLA_QK_NOPE * LR, qn, s->qlat + h * LR);
     }
-#pragma omp barrier
+    cpu_sync(th);
     /* this thread's tokens of the pos + 1 */
     kern->mla_range(c_kv, k_rope, t0, t1, s->qlat, th->qrope,
                     s->mla_ml + (size_t)t * 2 * NH,
                     s->mla_ml + (size_t)t * 2 * NH + NH,
                     s->mla_acc + (size_t)t * NH * LR,
                     s->mla_work + (size_t)t * CPU_MLA_WORK);
-#pragma omp barrier
+    cpu_sync(th);
 
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int h = 0; h < NH; h++) {
         float mx = -INFINITY, den = 0.0f, f[64];
         float *lat = s->lat + h * LR;
@@ -103,10 +103,10 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
         }
         cpu_prepare_x(lat, LR, &s->xq_lat[h]);
     }
-    /* (the implicit barrier of the loop: every head's input is ready) */
+    cpu_sync(th);   /* every head's input is ready */
     for (int h = 0; h < NH; h++)
         jobs[h] = cpu_job_of(&C->wv, h, &s->xq_lat[h], h * HD_MLA_V_HEAD);
-    cpu_gemv_multi(kern, jobs, NH, s->attn, cpu_next_ctr(th));
+    cpu_gemv_multi(kern, jobs, NH, s->attn, cpu_next_ctr(th), th->bar);
     for (int n = 0; n < CPU_A; n++)
         th->a[n] = hd_bf(s->attn[n]);
     cpu_prepare_x(th->a, CPU_A, &th->xq);

@@ -25,7 +25,7 @@ void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
     for (int e = 0; e < experts; e++)
         s->logits[e] = hd_bf((float)kern->dot_bf16_f64(
             th->x, w->router + (size_t)e * HD_HIDDEN, HD_HIDDEN));
-#pragma omp barrier
+    cpu_sync(th);
     /* every thread: the same top-8 and weights */
     ref_top8(s->logits, experts, th->idx);
     for (int j = 0; j < HD_MOE_TOPK; j++) {
@@ -40,7 +40,7 @@ void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
         jobs[j] = j < HD_MOE_TOPK
             ? cpu_job_of(&C->gate_up, th->idx[j], &th->xq, j * 2 * HD_MOE_INTER)
             : cpu_job_of(&C->s_gate_up, 0, &th->xq, j * 2 * HD_MOE_INTER);
-    cpu_gemv_multi(kern, jobs, NX, s->gu, cpu_next_ctr(th));
+    cpu_gemv_multi(kern, jobs, NX, s->gu, cpu_next_ctr(th), th->bar);
 
     /* every thread: all 9 down inputs (9216 exp, a few microseconds) */
     for (int j = 0; j < NX; j++) {
@@ -56,7 +56,7 @@ void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
         jobs[j] = j < HD_MOE_TOPK
             ? cpu_job_of(&C->down, th->idx[j], &th->xq_f[j], j * HD_HIDDEN)
             : cpu_job_of(&C->s_down, 0, &th->xq_f[j], j * HD_HIDDEN);
-    cpu_gemv_multi(kern, jobs, NX, s->ys, cpu_next_ctr(th));
+    cpu_gemv_multi(kern, jobs, NX, s->ys, cpu_next_ctr(th), th->bar);
     /* h += bf(the weighted experts (weights folded in above) + the shared) */
     for (int n = 0; n < HD_HIDDEN; n++) {
         float a = 0.0f;

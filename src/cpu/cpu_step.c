@@ -56,6 +56,7 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     s->mla_work = carve(&c, (size_t)T * CPU_MLA_WORK * sizeof(float));
     s->n_ctr = n_layers * CPU_SWEEPS_PER_LAYER;
     s->ctr = carve(&c, (size_t)s->n_ctr * sizeof(int));
+    s->bar = carve(&c, 64);
     s->th = carve(&c, (size_t)T * sizeof(cpu_thread));
     for (int t = 0; t < T; t++) {
         cpu_thread tmp, *th = s->th ? &s->th[t] : &tmp;
@@ -94,6 +95,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
     const size_t pos = state->context;
 
     memset(s->ctr, 0, (size_t)s->n_ctr * sizeof(int));
+    memset(s->bar, 0, sizeof *s->bar);
 #pragma omp parallel num_threads(s->threads)
     {
         cpu_thread *th = &s->th[0];
@@ -107,6 +109,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
         th->nt = nt;
         th->ctr = s->ctr;
         th->sweep = 0;
+        th->bar = s->bar;
         for (int n = 0; n < HD_HIDDEN; n++)
             th->h[n] = hd_bf16_to_f32(in_bf16[n]);
         for (int i = 0; i < model->n_layers; i++) {
@@ -121,7 +124,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
             else
                 cpu_mla(cm, C, hs->c_kv[L->slot], hs->k_rope[L->slot], pos, s, th);
             job = cpu_job_of(&C->o_proj, 0, &th->xq, 0);
-            cpu_gemv_multi(cm->kern, &job, 1, s->sum, cpu_next_ctr(th));
+            cpu_gemv_multi(cm->kern, &job, 1, s->sum, cpu_next_ctr(th), th->bar);
             for (int n = 0; n < HD_HIDDEN; n++)
                 th->h[n] = hd_bf(th->h[n] + hd_bf(s->sum[n]));
             ref_rmsnorm(th->h, L->moe_norm, th->x);
