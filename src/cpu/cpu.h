@@ -178,6 +178,15 @@ void cpu_barrier(cpu_bar *b, int nt);
  * NULL (nothing to wait for with one thread). */
 void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
                     float *y, int *ctr, cpu_bar *bar);
+/* Column pairs per chunk of a sweep of `pairs` pairs over nt threads: about
+ * 8 chunks per thread, enough to even out a slow thread, few enough that
+ * the counter (a cache line the threads pass around) and the restart of
+ * the hardware prefetcher at each chunk stay cheap; even, so that the
+ * kernel's two-pair passes line up. */
+static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
+{
+    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 8) + 1) & ~(size_t)1;
+}
 
 /* ---- cpu_isa.c ---- */
 /* The instruction set to use: HD_CPU_ISA if set, else the best the CPU

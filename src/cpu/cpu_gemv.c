@@ -87,11 +87,6 @@ void cpu_barrier(cpu_bar *b, int nt)
     __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
-/* Chunks per thread per sweep: enough to even out a slow thread, few
- * enough that the counter (one cache line the threads pass around) and the
- * restart of the hardware prefetcher at each chunk stay cheap. */
-#define CHUNKS_PER_THREAD 8
-
 /* Global pairs [lo, hi) of the jobs. */
 static void run_range(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
                       float *y, size_t lo, size_t hi)
@@ -128,8 +123,7 @@ void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
         run_range(kern, jobs, njobs, y, 0, total);
         return;
     }
-    /* an even number of pairs, so that the kernel's two-pair passes line up */
-    chunk = (total / ((size_t)nt * CHUNKS_PER_THREAD) + 1) & ~(size_t)1;
+    chunk = cpu_gemv_chunk(total, nt);
     nchunks = (total + chunk - 1) / chunk;
     for (;;) {
         size_t c = (size_t)__atomic_fetch_add(ctr, 1, __ATOMIC_RELAXED);
