@@ -2,8 +2,8 @@
  * the whole step.  The small serial pieces (residual adds, norms, the
  * activation layout, top-8) are a few microseconds each and every thread
  * does them itself on its own copy of h (cpu_thread): the threads meet only
- * where one needs what another computed, 6 barriers per KDA layer and its
- * MoE, 9 per MLA layer and its MoE (27 per step of pattern KKKM, ~70
+ * where one needs what another computed, 5 barriers per KDA layer and its
+ * MoE, 9 per MLA layer and its MoE (24 per step of pattern KKKM, ~70
  * before). */
 #include "config.h"
 
