@@ -19,7 +19,8 @@
  *   high nibble;
  *   then bf16 scale A, scale B, zero A, zero B.
  * A 128-bit lane thus holds one column, and vpshufb looks its nibbles up in
- * that column's 16-entry table of bf((v - z) * s), built per tile.  The
+ * that column's 16-entry table of bf((v - z) * s), built per tile; the AVX2
+ * kernel streams two column pairs at once (two tiles of the same group).  The
  * bytes equal the file's int4 bytes: nothing is expanded.
  */
 #ifndef HD_CPU_H
@@ -48,8 +49,10 @@ typedef struct cpu_qmat {
     size_t member_tiles;            /* pairs * groups                      */
 } cpu_qmat;
 
-/* An activation vector of k values, each group of 4 stored twice (the
- * layout the kernels multiply with: [x0..x3, x0..x3, x4..x7, x4..x7, ...]). */
+/* An activation vector of k values in the layout the kernels multiply
+ * with: per 8 inputs the even ones twice, then the odd ones twice
+ * ([x0 x2 x4 x6 x0 x2 x4 x6 x1 x3 x5 x7 x1 x3 x5 x7], one copy per 128-bit
+ * lane; the AVX2 kernel widens even and odd bf16 weights separately). */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
     int k;
@@ -156,11 +159,34 @@ static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
 void cpu_prepare_x(const float *x, int k, cpu_xq *q);
 
 /* ---- cpu_gemv.c ---- */
-/* Runs the jobs inside an OpenMP parallel region (every thread of the team
- * calls it); the column pairs of all jobs are split evenly across the
- * threads.  Ends with a barrier. */
+/* A barrier for the threads of one parallel region.  It spins for a few
+ * tens of microseconds, then sleeps (a futex on Linux): on a machine shared
+ * with other work, a thread that waits for a preempted partner frees its
+ * core, and the scheduler moves the partner onto it.  (OpenMP's own
+ * barriers spin for milliseconds by default; with one core busy elsewhere
+ * a step then crawled.) */
+typedef struct cpu_bar {
+    int count, gen, sleepers;
+} cpu_bar;
+void cpu_barrier(cpu_bar *b, int nt);
+
+/* Runs the jobs inside a parallel region (every thread of the team calls
+ * it with the same jobs, the same counter, zeroed before the region, and
+ * the same barrier): the column pairs of all jobs are cut into chunks that
+ * the threads take in turn from *ctr, so that a thread the OS preempts
+ * holds up only its chunk.  Ends with cpu_barrier(bar) when bar is not
+ * NULL (nothing to wait for with one thread). */
 void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
-                    float *y);
+                    float *y, int *ctr, cpu_bar *bar);
+/* Column pairs per chunk of a sweep of `pairs` pairs over nt threads: about
+ * 8 chunks per thread, enough to even out a slow thread, few enough that
+ * the counter (a cache line the threads pass around) and the restart of
+ * the hardware prefetcher at each chunk stay cheap; even, so that the
+ * kernel's two-pair passes line up. */
+static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
+{
+    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 8) + 1) & ~(size_t)1;
+}
 
 /* ---- cpu_isa.c ---- */
 /* The instruction set to use: HD_CPU_ISA if set, else the best the CPU
@@ -171,39 +197,73 @@ const cpu_kernels *cpu_kernels_for(cpu_isa isa);
 /* Threads for a requested count (0: OMP_NUM_THREADS / all cores). */
 int cpu_resolve_threads(int requested);
 
+#define CPU_NX (HD_MOE_TOPK + 1)      /* experts per token: 8 + shared */
+/* Sweeps (GEMV counters) per layer and step, at most. */
+#define CPU_SWEEPS_PER_LAYER 5
+
+/* What each thread of a step keeps to itself: the hidden state and the
+ * activations that every thread computes identically (a few microseconds
+ * of redundant work instead of a barrier each). */
+typedef struct cpu_thread {
+    float *h, *x;                   /* [HD_HIDDEN] */
+    float *a;                       /* [CPU_A] scratch */
+    float *qrope;                   /* [32 * 64] MLA: roped queries */
+    cpu_xq xq;                      /* k 4096: x, then the attention output */
+    cpu_xq xq_f[CPU_NX];            /* k 1024: the experts' down inputs */
+    float moe_w[CPU_NX];
+    int idx[HD_MOE_TOPK];
+    int t, nt;                      /* this thread, team size */
+    int *ctr;                       /* the step's sweep counters */
+    int sweep;                      /* next counter to use */
+    cpu_bar *bar;                   /* the step's barrier */
+} cpu_thread;
+
+/* The counter of this thread's next sweep (the same on every thread). */
+static inline int *cpu_next_ctr(cpu_thread *th)
+{
+    return th->ctr + th->sweep++;
+}
+
+/* All threads of the step meet here. */
+static inline void cpu_sync(cpu_thread *th)
+{
+    cpu_barrier(th->bar, th->nt);
+}
+
 /* Work memory of one state (cpu_step.c carves it out of the host state's
- * scratch; nothing is allocated per step). */
+ * scratch; nothing is allocated per step).  Shared by the threads. */
 typedef struct cpu_scratch {
-    float h[HD_HIDDEN], x[HD_HIDDEN], sum[HD_HIDDEN];
+    float sum[HD_HIDDEN];
     float attn[CPU_A];
     float proj[4 * CPU_A];          /* K: q|k|v|g; M: q|kv (6720)       */
     float act[3][CPU_A];            /* K: a_q, a_k, a_v                 */
     float decay[CPU_A];
-    float qrope[HD_MLA_HEADS * HD_MLA_QK_ROPE];
     float qlat[HD_MLA_HEADS * HD_MLA_KV_LORA];
     float lat[HD_MLA_HEADS * HD_MLA_KV_LORA];
-    float gu[(HD_MOE_TOPK + 1) * 2 * HD_MOE_INTER];
-    float ff[(HD_MOE_TOPK + 1) * HD_MOE_INTER];
-    float ys[(HD_MOE_TOPK + 1) * HD_HIDDEN]; /* the experts' outputs */
-    float moe_w[HD_MOE_TOPK + 1];
-    int idx[HD_MOE_TOPK];
-    cpu_xq xq_in;                   /* k 4096: x, then the attention output */
+    float gu[CPU_NX * 2 * HD_MOE_INTER];
+    float ys[CPU_NX * HD_HIDDEN];   /* the experts' outputs */
     cpu_xq xq_lat[HD_MLA_HEADS];    /* k 512 */
-    cpu_xq xq_f[HD_MOE_TOPK + 1];   /* k 1024 */
     float *logits;                  /* [E] */
     float *mla_ml;                  /* [threads][2][32]: max, sum */
     float *mla_acc;                 /* [threads][32][512] */
     float *mla_work;                /* [threads][CPU_MLA_WORK] */
+    cpu_thread *th;                 /* [threads] */
+    cpu_bar *bar;                   /* own cache line */
+    int *ctr;                       /* [n_layers * CPU_SWEEPS_PER_LAYER] */
+    int n_ctr;
     int threads;
 } cpu_scratch;
 
-/* Layer pieces, called by every thread of the step's parallel region. */
+/* Layer pieces, called by every thread of the step's parallel region with
+ * its cpu_thread; each starts from th->xq (the normed input, laid out) and
+ * cpu_kda / cpu_mla end with th->xq = the attention output, cpu_moe with
+ * th->h updated. */
 void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
-             float *S, uint16_t *conv, cpu_scratch *s);
+             float *S, uint16_t *conv, cpu_scratch *s, cpu_thread *th);
 void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
-             uint16_t *k_rope, size_t pos, cpu_scratch *s);
+             uint16_t *k_rope, size_t pos, cpu_scratch *s, cpu_thread *th);
 void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
-             int experts, cpu_scratch *s);
+             int experts, cpu_scratch *s, cpu_thread *th);
 
 /* ---- cpu_step.c ---- */
 hd_status cpu_state_init(hd_state *state);

@@ -1,6 +1,7 @@
-/* cpu_kda.c - Kimi delta attention for one token on the CPU: the four
- * projections as one product, then the heads split across the threads (a
- * head's conv channels, gates and state are its own). */
+/* cpu_kda.c - Kimi delta attention for one token on the CPU: the heads
+ * split across the threads, each head computing its own columns of the
+ * four projections first (a head's projections, conv channels, gates and
+ * state are its own), then one barrier. */
 #include "config.h"
 
 #include <math.h>
@@ -37,17 +38,24 @@ static void head_conv(const cpu_kernels *kern, const uint16_t *conv_w,
 }
 
 void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
-             float *S, uint16_t *conv, cpu_scratch *s)
+             float *S, uint16_t *conv, cpu_scratch *s, cpu_thread *th)
 {
     const cpu_kernels *kern = cm->kern;
-    cpu_job job = cpu_job_of(&C->in_proj, 0, &s->xq_in, 0);
+    const uint8_t *tiles = cpu_qmat_member(&C->in_proj, 0);
+    const int groups = C->in_proj.groups;
 
-    cpu_gemv_multi(kern, &job, 1, s->proj);
-
-#pragma omp for schedule(static)
+    /* A head needs only its own 128 columns of q, k, v and g: the thread
+     * that takes the head computes them (4 x 64 column pairs, ~0.6 MB of
+     * tiles) and goes on with the head, with no barrier in between.
+     * Dynamic: a preempted thread leaves its heads to the other. */
+#pragma omp for schedule(dynamic, 1) nowait
     for (int h = 0; h < HD_KDA_HEADS; h++) {
         const int n0 = h * HD_;
         float o[HD_], beta;
+        for (int j = 0; j < 4; j++) {
+            const int p0 = (j * CPU_A + n0) / 2;
+            kern->gemv_pairs(tiles, p0, p0 + HD_ / 2, groups, th->xq.xd, s->proj);
+        }
         for (int j = 0; j < 4; j++)
             for (int i = 0; i < HD_; i++)
                 s->proj[j * CPU_A + n0 + i] = hd_bf(s->proj[j * CPU_A + n0 + i]);
@@ -60,14 +68,13 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
         for (int i = 0; i < HD_; i++)
             s->decay[n0 + i] = 1.0f / (1.0f + s->decay[n0 + i]);
         beta = hd_bf((float)kern->dot_bf16_f64(
-            s->x, w->beta_proj + (size_t)h * HD_HIDDEN, HD_HIDDEN));
+            th->x, w->beta_proj + (size_t)h * HD_HIDDEN, HD_HIDDEN));
         beta = 1.0f / (1.0f + expf(-beta));
         kern->kda_head(S + (size_t)h * HD_ * HD_, s->act[0] + n0,
                        s->act[1] + n0, s->act[2] + n0, s->decay + n0, beta, o);
         for (int i = 0; i < HD_; i++)
             s->attn[n0 + i] = hd_bf(o[i]);
     }
-    /* (implicit barrier) */
-#pragma omp single
-    cpu_prepare_x(s->attn, CPU_A, &s->xq_in);
+    cpu_sync(th);
+    cpu_prepare_x(s->attn, CPU_A, &th->xq);
 }

@@ -47,6 +47,12 @@ static float bf16f(const uint8_t *p)
     return hd_bf16_to_f32(b);
 }
 
+/* Where input k of a group sits in the layout of cpu_prepare_x. */
+static inline int xd_index(int k)
+{
+    return 16 * (k >> 3) + 8 * (k & 1) + ((k & 7) >> 1);
+}
+
 static void portable_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                 int groups, const float *xd, float *y)
 {
@@ -65,8 +71,8 @@ static void portable_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                     for (int b = 0; b < 16; b++) {
                         const uint8_t byte = t[32 * i + 16 * half + b];
                         const int klo = 32 * i + b, khi = klo + 16;
-                        part += lut[byte & 15] * xg[8 * (klo >> 2) + (klo & 3)];
-                        part += lut[byte >> 4] * xg[8 * (khi >> 2) + (khi & 3)];
+                        part += lut[byte & 15] * xg[xd_index(klo)];
+                        part += lut[byte >> 4] * xg[xd_index(khi)];
                     }
                 acc += part;
             }

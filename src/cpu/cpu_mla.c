@@ -8,9 +8,6 @@
 #include "config.h"
 
 #include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "cpu.h"
 #include "util.h"
@@ -20,63 +17,62 @@
 #define RP HD_MLA_QK_ROPE
 
 void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
-             uint16_t *k_rope, size_t pos, cpu_scratch *s)
+             uint16_t *k_rope, size_t pos, cpu_scratch *s, cpu_thread *th)
 {
     const cpu_kernels *kern = cm->kern;
+    const int t = th->t, nt = th->nt;
+    const float *q = s->proj, *kv = s->proj + CPU_MLA_QN;
+    const size_t L = pos + 1;
+    const size_t t0 = L * (size_t)t / (size_t)nt, t1 = L * (size_t)(t + 1) / (size_t)nt;
     cpu_job jobs[NH];
-    int t = 0, nt = 1;
 
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
-    jobs[0] = cpu_job_of(&C->in_proj, 0, &s->xq_in, 0);
-    cpu_gemv_multi(kern, jobs, 1, s->proj);
+    jobs[0] = cpu_job_of(&C->in_proj, 0, &th->xq, 0);
+    cpu_gemv_multi(kern, jobs, 1, s->proj, cpu_next_ctr(th), th->bar);
 
-#pragma omp single
-    {
+    {   /* every thread: RoPE of the queries; the thread whose tokens end
+         * at pos (the last) appends this token's cache rows, then reads
+         * them itself, so no barrier is needed for them */
         float angle[RP / 2], si[RP / 2], co[RP / 2];
-        float *q = s->proj, *kv = s->proj + CPU_MLA_QN;
-        uint16_t *c_new = c_kv + pos * LR, *r_new = k_rope + pos * RP;
-        for (int n = 0; n < CPU_MLA_QN + CPU_MLA_KV; n++)
-            s->proj[n] = hd_bf(s->proj[n]);
         for (int r = 0; r < RP / 2; r++)
             angle[r] = (float)pos * expf(-logf(10000.0f) * (2.0f * (float)r / 64.0f));
         kern->vsincos(angle, si, co, RP / 2);
         for (int h = 0; h < NH; h++) {
             const float *qr = q + h * CPU_MLA_QK + HD_MLA_QK_NOPE;
-            float *out = s->qrope + h * RP;
+            float *out = th->qrope + h * RP;
             for (int r = 0; r < RP / 2; r++) {
-                float e = qr[2 * r], o = qr[2 * r + 1];
+                float e = hd_bf(qr[2 * r]), o = hd_bf(qr[2 * r + 1]);
                 out[2 * r] = hd_bf(e * co[r] - o * si[r]);
                 out[2 * r + 1] = hd_bf(o * co[r] + e * si[r]);
             }
         }
-        for (int r = 0; r < RP / 2; r++) {
-            float e = kv[LR + 2 * r], o = kv[LR + 2 * r + 1];
-            r_new[2 * r] = hd_f32_to_bf16(e * co[r] - o * si[r]);
-            r_new[2 * r + 1] = hd_f32_to_bf16(o * co[r] + e * si[r]);
+        if (t1 == L) {
+            uint16_t *c_new = c_kv + pos * LR, *r_new = k_rope + pos * RP;
+            for (int r = 0; r < RP / 2; r++) {
+                float e = hd_bf(kv[LR + 2 * r]), o = hd_bf(kv[LR + 2 * r + 1]);
+                r_new[2 * r] = hd_f32_to_bf16(e * co[r] - o * si[r]);
+                r_new[2 * r + 1] = hd_f32_to_bf16(o * co[r] + e * si[r]);
+            }
+            for (int d = 0; d < LR; d++)
+                c_new[d] = hd_f32_to_bf16(kv[d]);
         }
-        for (int d = 0; d < LR; d++)
-            c_new[d] = hd_f32_to_bf16(kv[d]);
     }
-#pragma omp for schedule(static)
-    for (int h = 0; h < NH; h++)
-        kern->absorb(C->wk + (size_t)h * HD_MLA_QK_NOPE * LR,
-                     s->proj + h * CPU_MLA_QK, s->qlat + h * LR);
-
-    {   /* this thread's tokens of the pos + 1 */
-        size_t L = pos + 1;
-        size_t t0 = L * (size_t)t / (size_t)nt, t1 = L * (size_t)(t + 1) / (size_t)nt;
-        kern->mla_range(c_kv, k_rope, t0, t1, s->qlat, s->qrope,
-                        s->mla_ml + (size_t)t * 2 * NH,
-                        s->mla_ml + (size_t)t * 2 * NH + NH,
-                        s->mla_acc + (size_t)t * NH * LR,
-                        s->mla_work + (size_t)t * CPU_MLA_WORK);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int h = 0; h < NH; h++) {
+        float qn[HD_MLA_QK_NOPE];
+        for (int i = 0; i < HD_MLA_QK_NOPE; i++)
+            qn[i] = hd_bf(q[h * CPU_MLA_QK + i]);
+        kern->absorb(C->wk + (size_t)h * HD_MLA_QK_NOPE * LR, qn, s->qlat + h * LR);
     }
-#pragma omp barrier
+    cpu_sync(th);
+    /* this thread's tokens of the pos + 1 */
+    kern->mla_range(c_kv, k_rope, t0, t1, s->qlat, th->qrope,
+                    s->mla_ml + (size_t)t * 2 * NH,
+                    s->mla_ml + (size_t)t * 2 * NH + NH,
+                    s->mla_acc + (size_t)t * NH * LR,
+                    s->mla_work + (size_t)t * CPU_MLA_WORK);
+    cpu_sync(th);
 
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int h = 0; h < NH; h++) {
         float mx = -INFINITY, den = 0.0f, f[64];
         float *lat = s->lat + h * LR;
@@ -107,13 +103,11 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
         }
         cpu_prepare_x(lat, LR, &s->xq_lat[h]);
     }
+    cpu_sync(th);   /* every head's input is ready */
     for (int h = 0; h < NH; h++)
         jobs[h] = cpu_job_of(&C->wv, h, &s->xq_lat[h], h * HD_MLA_V_HEAD);
-    cpu_gemv_multi(kern, jobs, NH, s->attn);
-#pragma omp single
-    {
-        for (int n = 0; n < CPU_A; n++)
-            s->attn[n] = hd_bf(s->attn[n]);
-        cpu_prepare_x(s->attn, CPU_A, &s->xq_in);
-    }
+    cpu_gemv_multi(kern, jobs, NH, s->attn, cpu_next_ctr(th), th->bar);
+    for (int n = 0; n < CPU_A; n++)
+        th->a[n] = hd_bf(s->attn[n]);
+    cpu_prepare_x(th->a, CPU_A, &th->xq);
 }
