@@ -1,7 +1,7 @@
 /* cpu.h - the CPU backend: OpenMP threads, int4 weights repacked at load
- * time, and one kernel table per instruction set (portable C, AVX2/FMA)
- * chosen once per model from cpuid/xgetbv (HD_CPU_ISA=portable|avx2
- * forces one).
+ * time, and one kernel table per instruction set (portable C, AVX2/FMA,
+ * AVX-512 F/BW/VL) chosen once per model from cpuid/xgetbv
+ * (HD_CPU_ISA=portable|avx2|avx512 forces one).
  *
  * Numbers.  Every weight is dequantized exactly as SEMANTICS.md says,
  * w = bf((q - z) * s), and multiplied by the fp32 activation: skipping the
@@ -20,7 +20,8 @@
  *   then bf16 scale A, scale B, zero A, zero B.
  * A 128-bit lane thus holds one column, and vpshufb looks its nibbles up in
  * that column's 16-entry table of bf((v - z) * s), built per tile; the AVX2
- * kernel streams two column pairs at once (two tiles of the same group).  The
+ * kernel streams two column pairs at once (two tiles of the same group); the
+ * AVX-512 kernel holds both tables of a tile in one zmm for vpermw.  The
  * bytes equal the file's int4 bytes: nothing is expanded.
  */
 #ifndef HD_CPU_H
@@ -95,6 +96,9 @@ typedef struct cpu_kernels {
 extern const cpu_kernels cpu_kernels_portable;
 #ifdef HD_CPU_HAVE_AVX2
 extern const cpu_kernels cpu_kernels_avx2;
+#endif
+#ifdef HD_CPU_HAVE_AVX512
+extern const cpu_kernels cpu_kernels_avx512;
 #endif
 
 #define CPU_MLA_CHUNK 32            /* tokens per softmax chunk            */

@@ -1,6 +1,7 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv, or forced by HD_CPU_ISA (portable, avx2; "avx512" is
- * understood, and unavailable until kernels for it are built). */
+ * from cpuid/xgetbv (the widest this CPU, its OS and this build run:
+ * avx512, then avx2, then portable), or forced by HD_CPU_ISA=portable|avx2|
+ * avx512. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -27,8 +28,8 @@ static int isa_runs(cpu_isa isa)
 #endif
     case CPU_ISA_AVX512:
 #ifdef HD_CPU_HAVE_AVX512
-        return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni &&
-               f.avx2 && f.fma;
+        /* the avx512* bits include XCR0's opmask and zmm state */
+        return f.avx512f && f.avx512bw && f.avx512vl && f.avx2 && f.fma;
 #else
         return 0;
 #endif
