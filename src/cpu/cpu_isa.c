@@ -1,7 +1,10 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv (the widest this CPU, its OS and this build run:
- * avx512, then avx2, then portable), or forced by HD_CPU_ISA=portable|avx2|
- * avx512. */
+ * from cpuid/xgetbv (avx2 where this CPU, its OS and this build run it,
+ * else avx512, else portable), or forced by HD_CPU_ISA=portable|avx2|
+ * avx512.  avx2 comes first: on the only AVX-512 machine measured (Zen 4,
+ * 512-bit operations in two halves) the avx512 kernels were no faster
+ * (docs/PERFORMANCE.md), so they are chosen by name until a machine shows
+ * them ahead. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -56,8 +59,8 @@ hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
                        "HD_CPU_ISA=\"%.32s\" is not one of portable, avx2, avx512",
                        env);
     }
-    *isa = isa_runs(CPU_ISA_AVX512) ? CPU_ISA_AVX512
-         : isa_runs(CPU_ISA_AVX2)   ? CPU_ISA_AVX2
+    *isa = isa_runs(CPU_ISA_AVX2)   ? CPU_ISA_AVX2
+         : isa_runs(CPU_ISA_AVX512) ? CPU_ISA_AVX512
                                     : CPU_ISA_PORTABLE;
     return HD_OK;
 }
