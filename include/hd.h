@@ -204,7 +204,9 @@ HD_API hd_status hd_synth_cache(uint32_t seed, size_t rows, uint16_t *c_kv,
 HD_API hd_status hd_model_save(const hd_model *model, const char *path,
                                char *err, size_t err_size);
 
-/** Frees a model (NULL is fine).  Free its states first. */
+/** Frees a model (NULL is fine).  Free its states first: hd_state_free
+ *  reads the state's model, so calling it after hd_model_free is a use
+ *  after free that libhd cannot detect (not allowed). */
 HD_API void hd_model_free(hd_model *model);
 
 /** The backend the model runs on (never DEFAULT or AUTO). */
@@ -261,8 +263,9 @@ typedef struct hd_state hd_state;
 HD_API hd_status hd_state_new(const hd_model *model, size_t capacity,
                               hd_state **state);
 
-/** Frees a state (NULL is fine).  Free every state before its model: a
- *  state freed after its model is a use after free (not detectable). */
+/** Frees a state (NULL is fine).  Free every state before its model:
+ *  hd_state_free after hd_model_free of the state's model is not allowed
+ *  (a use after free of the model, which libhd cannot detect). */
 HD_API void hd_state_free(hd_state *state);
 
 /** Empties the state: zero S and conv caches, context length 0. */

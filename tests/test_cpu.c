@@ -4,6 +4,13 @@
  * tolerances of SEMANTICS.md, on each instruction-set path this CPU runs
  * (HD_CPU_ISA) and with 1 and 2 threads; then golden cases A and B through
  * the CPU backend.  The measured maxima are printed for the docs.
+ *
+ * At the small size (tu_small: valgrind, where a step of the CPU backend
+ * takes seconds) each configuration runs fewer steps on some of the (path,
+ * threads) pairs, chosen so that every pair still meets each layer kind,
+ * E > 8 and a long context, and the context sweep keeps one context per
+ * branch of the token split; golden B runs on one pair and golden A and
+ * the E 64 configuration not at all (golden B is KKKM at E 64).
  * Exits 77 (skip) when the CPU backend is not part of the build. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +25,18 @@
 #define N_ISA 3
 static const char *const ISA[N_ISA] = { "portable", "avx2", "avx512" };
 static int isa_ok[N_ISA];
+
+/* Sets of (path, threads) pairs, threads 1 or 2. */
+#define PAIR(isa, threads) (1u << ((isa) * 2 + (threads) - 1))
+#define ALL_PAIRS 0x3fu
+#define TWO_THREADS (PAIR(0, 2) | PAIR(1, 2) | PAIR(2, 2))
+
+/* The size of one configuration: steps and pairs, full and small (no pair
+ * at the small size: not run). */
+typedef struct cfg_size {
+    int steps, small_steps;
+    unsigned small_pairs;
+} cfg_size;
 
 /* Largest errors seen, per tensor class, over the whole run. */
 static double worst_out, worst_s, worst_conv, worst_ckv, worst_kr;
@@ -90,10 +109,18 @@ static void compare_state(const tu_snapshot *a, const tu_snapshot *r,
         }
 }
 
-/* One configuration: the reference once, then every ISA x {1, 2} threads. */
+/* One configuration: the reference once, then every ISA x {1, 2} threads
+ * (at the small size, those of z.small_pairs). */
 static void check_config(uint32_t seed, int experts, const char *pattern,
-                         size_t context, int steps)
+                         size_t context, cfg_size z)
 {
+    const int steps = tu_size(z.steps, z.small_steps);
+    const unsigned pairs = tu_small() ? z.small_pairs : ALL_PAIRS;
+    if (pairs == 0) {
+        printf("seed %u E %d %s ctx %zu: not run at the small size\n",
+               (unsigned)seed, experts, pattern, context);
+        return;
+    }
     hd_model *ref = tu_synth_ref(seed, experts, pattern);
     hd_state *rs = tu_state_new(ref, context + (size_t)steps + 1);
     uint16_t *rout = tu_xmalloc((size_t)steps * HD_HIDDEN * 2);
@@ -114,6 +141,8 @@ static void check_config(uint32_t seed, int experts, const char *pattern,
             /* The scalar portable path is slow: on the long KKKM runs it
              * runs with 2 threads only (1 thread is covered elsewhere). */
             if (isa == 0 && threads == 1 && steps >= 16 && strlen(pattern) >= 4)
+                continue;
+            if (!(pairs & PAIR(isa, threads)))
                 continue;
             double max_out = 0.0;
             hd_model *m = synth_cpu(seed, experts, pattern, isa, threads);
@@ -151,36 +180,51 @@ static void check_config(uint32_t seed, int experts, const char *pattern,
 }
 
 /* Pattern M, E 8: every context edge of the token split (2 threads: the
- * halves of 1, 5, ... tokens; 0 and 1: a thread with no token). */
+ * halves of 1, 5, ... tokens; 0 and 1: a thread with no token).  The small
+ * size runs 2 threads, 1 step, at context 0 (1 token: a thread with no
+ * token), 5 (3 tokens each: the odd tail of the two-token loop) and 97 (49
+ * each: a full 32-token chunk and a partial one, the running max
+ * rescaled); one thread over many chunks is test_kkkm_e8_long's. */
 START_TEST(test_contexts)
 {
-    static const size_t ctx[] = { 0, 1, 5, 95, 96, 97, 128, 129, 300, 1000, 4096 };
-    for (size_t i = 0; i < sizeof ctx / sizeof ctx[0]; i++)
-        check_config(3 + (uint32_t)i, 8, "M", ctx[i], 2);
+    static const size_t ctx_full[] = { 0, 1, 5, 95, 96, 97, 128, 129, 300, 1000, 4096 };
+    static const size_t ctx_small[] = { 0, 5, 97 };
+    const size_t *ctx = tu_small() ? ctx_small : ctx_full;
+    const size_t n = tu_small() ? sizeof ctx_small / sizeof ctx_small[0]
+                                : sizeof ctx_full / sizeof ctx_full[0];
+    const cfg_size z = { 2, 1, TWO_THREADS };
+    for (size_t i = 0; i < n; i++)
+        check_config(3 + (uint32_t)i, 8, "M", ctx[i], z);
 }
 END_TEST
 
+/* At the small size the one configuration that takes 2 steps (the state a
+ * step leaves is read by the next) on every pair. */
 START_TEST(test_km_e16)
 {
-    check_config(11, 16, "KM", 97, 16);
+    const cfg_size z = { 16, 2, ALL_PAIRS };
+    check_config(11, 16, "KM", 97, z);
 }
 END_TEST
 
 START_TEST(test_kkkm_e64)
 {
-    check_config(12, 64, "KKKM", 129, 6);
+    const cfg_size z = { 6, 1, 0 };
+    check_config(12, 64, "KKKM", 129, z);
 }
 END_TEST
 
 START_TEST(test_kkkm_e8_long)
 {
-    check_config(13, 8, "KKKM", 1000, 16);
+    const cfg_size z = { 16, 1, PAIR(0, 2) | PAIR(1, 1) | PAIR(2, 1) };
+    check_config(13, 8, "KKKM", 1000, z);
 }
 END_TEST
 
 START_TEST(test_mk_e16_short)
 {
-    check_config(14, 16, "MKK", 5, 4);
+    const cfg_size z = { 4, 1, PAIR(0, 1) | PAIR(1, 2) | PAIR(2, 2) };
+    check_config(14, 16, "MKK", 5, z);
 }
 END_TEST
 
@@ -195,9 +239,15 @@ static void *golden(const char *name, const char *file, size_t bytes)
     return tu_load_data_sized(rel, bytes);
 }
 
+/* small_pairs: the pairs run at the small size (none: not run). */
 static void golden_case(const char *name, uint32_t seed, int experts,
-                        size_t context, size_t steps)
+                        size_t context, size_t steps, unsigned small_pairs)
 {
+    const unsigned pairs = tu_small() ? small_pairs : ALL_PAIRS;
+    if (pairs == 0) {
+        printf("golden %s via cpu: not run at the small size\n", name);
+        return;
+    }
     const size_t rows = context + steps;
     uint16_t *g_out = golden(name, "out.bf16", steps * HD_HIDDEN * 2);
     float *g_s = golden(name, "S.f32", 3 * S_ELEMS * 4);
@@ -214,6 +264,8 @@ static void golden_case(const char *name, uint32_t seed, int experts,
         if (!isa_ok[isa])
             continue;
         for (int threads = 1; threads <= 2; threads++) {
+            if (!(pairs & PAIR(isa, threads)))
+                continue;
             hd_model *m = synth_cpu(seed, experts, "KKKM", isa, threads);
             hd_state *st = tu_state_new(m, rows + 1);
             uint16_t in[HD_HIDDEN], out[HD_HIDDEN];
@@ -270,13 +322,13 @@ static void golden_case(const char *name, uint32_t seed, int experts,
 
 START_TEST(test_golden_a)
 {
-    golden_case("A", 1, 16, 0, 8);
+    golden_case("A", 1, 16, 0, 8, 0);
 }
 END_TEST
 
 START_TEST(test_golden_b)
 {
-    golden_case("B", 2, 64, 300, 4);
+    golden_case("B", 2, 64, 300, 4, TWO_THREADS & ~PAIR(0, 2));
 }
 END_TEST
 

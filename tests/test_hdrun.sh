@@ -1,6 +1,10 @@
 #!/bin/sh
 # Tests of the hd-run tool.  Run by `make check` with HD_RUN set to the built
 # tools/hd-run.  Exit status: 0 pass, 1 fail, 77 skip.
+#
+# HD_RUN_WRAPPER, when set, is a command put before every hd-run (split on
+# blanks): tests/valgrind-all.sh runs each hd-run under memcheck that way.
+# HD_TEST_SCALE=small runs 1 step where the full size runs 2.
 
 if [ -z "${HD_RUN:-}" ] || [ ! -x "$HD_RUN" ]; then
     echo "test_hdrun: HD_RUN is not set to an executable hd-run; skipping" >&2
@@ -10,6 +14,15 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_hdrun.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' HUP INT TERM
+
+steps=2
+case "${HD_TEST_SCALE:-}" in
+    small) steps=1 ;;
+    ''|full) ;;
+    *) echo "test_hdrun: HD_TEST_SCALE='$HD_TEST_SCALE' is neither small nor full" >&2
+       exit 1 ;;
+esac
+echo "test size: $([ "$steps" = 1 ] && echo small || echo full)"
 
 failures=0
 fail() {
@@ -25,7 +38,8 @@ pass() {
 run() {
     name=$1
     shift
-    "$HD_RUN" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+    # shellcheck disable=SC2086
+    ${HD_RUN_WRAPPER:-} "$HD_RUN" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
     rc=$?
 }
 
@@ -103,23 +117,23 @@ grep -q '^hd-run: ' "$tmp/nofile.err" || fail "a missing model file gives no mes
 base="--synth 1 --experts 8 --backend ref"
 
 # shellcheck disable=SC2086
-run r1 $base --steps 2 --dump-out "$tmp/out1.bf16"
-expect_rc r1 0 "2 reference steps"
+run r1 $base --steps $steps --dump-out "$tmp/out1.bf16"
+expect_rc r1 0 "$steps reference step(s)"
 if grep -Eq "$summary_re" "$tmp/r1.out"; then
     pass "the summary line has the documented form"
 else
     fail "no well-formed summary line in: $(cat "$tmp/r1.out")"
 fi
-grep -q '^summary: backend=ref steps=2 ' "$tmp/r1.out" ||
-    fail "the summary does not name backend=ref steps=2"
-expect_size "$tmp/out1.bf16" $((2 * 2304 * 2))
+grep -q "^summary: backend=ref steps=$steps " "$tmp/r1.out" ||
+    fail "the summary does not name backend=ref steps=$steps"
+expect_size "$tmp/out1.bf16" $((steps * 2304 * 2))
 sum1=$(checksum_of r1)
 [ -n "$sum1" ] || fail "no checksum in the first run"
 
 # The same run again, also saving the model: same checksum.
 # shellcheck disable=SC2086
-run r2 $base --steps 2 --save-model "$tmp/m.safetensors" --dump-out "$tmp/out2.bf16"
-expect_rc r2 0 "2 reference steps with --save-model"
+run r2 $base --steps $steps --save-model "$tmp/m.safetensors" --dump-out "$tmp/out2.bf16"
+expect_rc r2 0 "$steps reference step(s) with --save-model"
 sum2=$(checksum_of r2)
 if [ -n "$sum1" ] && [ "$sum1" = "$sum2" ]; then
     pass "the same run gives the same checksum"
@@ -130,8 +144,8 @@ cmp -s "$tmp/out1.bf16" "$tmp/out2.bf16" || fail "--dump-out files of identical 
 [ -s "$tmp/m.safetensors" ] || fail "--save-model wrote no file"
 
 # The saved model, loaded back: same checksum.
-run r3 --model "$tmp/m.safetensors" --backend ref --steps 2 --quiet
-expect_rc r3 0 "2 reference steps of the saved model"
+run r3 --model "$tmp/m.safetensors" --backend ref --steps $steps --quiet
+expect_rc r3 0 "$steps reference step(s) of the saved model"
 sum3=$(checksum_of r3)
 if [ -n "$sum1" ] && [ "$sum1" = "$sum3" ]; then
     pass "the saved model gives the checksum of the synth model"
@@ -141,21 +155,21 @@ fi
 lines=$(wc -l <"$tmp/r3.out" | tr -d ' \t')
 [ "$lines" = 1 ] || fail "--quiet printed $lines lines, expected 1"
 
-# The state after context 3 + 2 steps.
+# The state after context 3 + the steps.
 # shellcheck disable=SC2086
-run r4 $base --context 3 --steps 2 --dump-state "$tmp/state" --quiet
-expect_rc r4 0 "--context 3 --steps 2 --dump-state"
+run r4 $base --context 3 --steps $steps --dump-state "$tmp/state" --quiet
+expect_rc r4 0 "--context 3 --steps $steps --dump-state"
 expect_size "$tmp/state/S.f32" $((3 * 32 * 128 * 128 * 4))
 expect_size "$tmp/state/conv.bf16" $((3 * 3 * 3 * 4096 * 2))
-expect_size "$tmp/state/c_kv.bf16" $((5 * 512 * 2))
-expect_size "$tmp/state/k_rope.bf16" $((5 * 64 * 2))
+expect_size "$tmp/state/c_kv.bf16" $(((3 + steps) * 512 * 2))
+expect_size "$tmp/state/k_rope.bf16" $(((3 + steps) * 64 * 2))
 
 # --check of the reference against itself: error exactly 0.
 # shellcheck disable=SC2086
-run r5 $base --steps 2 --check
+run r5 $base --steps $steps --check
 expect_rc r5 0 "--check --backend ref passes"
 if grep -q 'max_rel_err=0\.000e+00' "$tmp/r5.out" &&
-   [ "$(grep -c 'rel_err=0\.000e+00' "$tmp/r5.out")" -eq 3 ]; then
+   [ "$(grep -c 'rel_err=0\.000e+00' "$tmp/r5.out")" -eq $((steps + 1)) ]; then
     pass "--check reports error 0 for ref against ref"
 else
     fail "--check does not report error 0: $(cat "$tmp/r5.out")"

@@ -1,4 +1,6 @@
 /* testutil.c - helpers shared by the Check suites of libhd. */
+#include "config.h"
+
 #include "testutil.h"
 
 #include <dirent.h>
@@ -9,6 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef HAVE_VALGRIND_VALGRIND_H
+#include <valgrind/valgrind.h>
+#endif
 
 /* The process that ran tu_run_suite: temporary names carry its pid so that
  * the runner can sweep them up after forked tests that died half-way. */
@@ -452,12 +457,54 @@ void tu_snapshot_free(tu_snapshot *snap)
     free(snap);
 }
 
+/* ---- test size ---------------------------------------------------------------- */
+
+/* 1 small, 0 full, -1 HD_TEST_SCALE holds something else. */
+static int scale_from_env(void)
+{
+    const char *v = getenv("HD_TEST_SCALE");
+    if (v == NULL || v[0] == '\0') {
+#ifdef HAVE_VALGRIND_VALGRIND_H
+        return RUNNING_ON_VALGRIND ? 1 : 0;
+#else
+        return 0;
+#endif
+    }
+    if (strcmp(v, "small") == 0)
+        return 1;
+    if (strcmp(v, "full") == 0)
+        return 0;
+    return -1;
+}
+
+bool tu_small(void)
+{
+    int s = scale_from_env();
+    ck_assert_msg(s >= 0, "HD_TEST_SCALE='%s' is neither small nor full",
+                  getenv("HD_TEST_SCALE"));
+    return s == 1;
+}
+
+int tu_size(int full, int small)
+{
+    return tu_small() ? small : full;
+}
+
 /* ---- running ---------------------------------------------------------------- */
 
 int tu_run_suite(Suite *suite)
 {
     (void)owner_pid(); /* fix the temp-name prefix before any fork */
     SRunner *sr = srunner_create(suite);
+    int scale = scale_from_env();
+    if (scale < 0) {
+        fprintf(stderr, "HD_TEST_SCALE='%s' is neither small nor full\n",
+                getenv("HD_TEST_SCALE"));
+        srunner_free(sr);
+        return EXIT_FAILURE;
+    }
+    printf("test size: %s\n", scale ? "small" : "full");
+    fflush(stdout);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -126,10 +126,26 @@ bool tu_snapshot_equal(const tu_snapshot *a, const tu_snapshot *b);
 void tu_snapshot_restore(hd_state *state, const tu_snapshot *snap);
 void tu_snapshot_free(tu_snapshot *snap);
 
+/* ---- test size ---------------------------------------------------------------- */
+
+/* Whether the suites run at their small size: fewer steps, contexts,
+ * experts and repetitions, every code path still executed (every backend,
+ * instruction-set path, layer kind and error path).  HD_TEST_SCALE=small or
+ * HD_TEST_SCALE=full decides; unset or empty, a run under valgrind is small
+ * (when configure found valgrind/valgrind.h) and any other run is full.
+ * tests/valgrind-all.sh sets small: memcheck is ~30x slower than native.
+ * What a test checks is the same at both sizes; only how much it runs
+ * changes.  Any other value fails tu_run_suite. */
+bool tu_small(void);
+
+/* `full` at the full size, `small` at the small size. */
+int tu_size(int full, int small);
+
 /* ---- running ---------------------------------------------------------------- */
 
-/* Runs the suite (CK_NORMAL output), removes leftover temporary files, frees
- * the runner, and returns EXIT_SUCCESS iff no test failed. */
+/* Runs the suite (CK_NORMAL output) after printing the test size, removes
+ * leftover temporary files, frees the runner, and returns EXIT_SUCCESS iff
+ * no test failed. */
 int tu_run_suite(Suite *suite);
 
 #endif /* HD_TESTUTIL_H */
