@@ -254,7 +254,7 @@ START_TEST(test_import_export)
 }
 END_TEST
 
-/* Non-finite numbers in the input, in S, in the conv cache and in cache
+/* A non-finite input is a status; non-finite numbers in S, in the conv cache and in cache
  * rows: every step completes (HD_OK), a full cache is still a status, and
  * after a reset the state steps to finite outputs again.  (Non-finite
  * weight scales or zeros are refused at model load: repack.cu.) */
@@ -265,11 +265,16 @@ START_TEST(test_nonfinite)
     uint16_t in[HD_HIDDEN], out[HD_HIDDEN];
     size_t s_bytes = 0, conv_bytes = 0, bad = 0;
 
+    /* A NaN or Inf in the input is refused before the device sees it:
+     * HD_ERR_NONFINITE, out and the state untouched (hd.h). */
     tu_input(9, 0, in);
     in[0] = 0x7fc0u; /* NaN */
     in[1] = 0x7f80u; /* +Inf */
-    ck_assert_int_eq(hd_step(cu, s, in, out), HD_OK);
-    ck_assert_int_eq(hd_state_reset(s), HD_OK);
+    memset(out, 0xA5, sizeof out);
+    ck_assert_int_eq(hd_step(cu, s, in, out), HD_ERR_NONFINITE);
+    ck_assert_uint_eq(hd_state_context(s), 0);
+    for (int i = 0; i < HD_HIDDEN; i++)
+        ck_assert_uint_eq(out[i], 0xA5A5u);
 
     ck_assert_int_eq(hd_state_tensor_bytes(s, 0, HD_STATE_S, &s_bytes), HD_OK);
     ck_assert_int_eq(hd_state_tensor_bytes(s, 0, HD_STATE_CONV_K, &conv_bytes), HD_OK);

@@ -60,27 +60,45 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v)
     asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 
-/* Grid-wide barrier: bar[0] counts arrivals, bar[1] is the generation.  The
- * last CTA to arrive resets the count and publishes the next generation, so
- * the words are back at rest after every barrier (and every launch). */
-__device__ __forceinline__ void grid_sync(unsigned *bar)
+/* Grid-wide barrier.  bar[0] counts arrivals and only grows; bar[1] is its
+ * value when a launch begins (written by the last CTA to leave the previous
+ * launch, grid_exit); bar[2] counts the CTAs that left.  The k-th barrier
+ * of a launch is passed when bar[0] reaches bar[1] + k * gridDim.x, so an
+ * arrival is one reduction and nobody has to publish a generation (one
+ * round trip to L2 less than a count + generation pair).  Differences are
+ * taken modulo 2^32.  *target: this CTA's last target (thread 0 only). */
+__device__ __forceinline__ void red_release_add(unsigned *p, unsigned v)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned grid_base(const unsigned *bar)
+{
+    return threadIdx.x == 0 ? ld_acquire(bar + 1) : 0u;
+}
+
+__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned gen = ld_acquire(bar + 1);
-        __threadfence();
-        unsigned arrived = atomicAdd(bar, 1u);
-        if (arrived == gridDim.x - 1) {
-            bar[0] = 0;
-            __threadfence();
-            st_release(bar + 1, gen + 1);
-        } else {
-            while (ld_acquire(bar + 1) == gen)
-                __nanosleep(32);
-        }
-        __threadfence();
+        target += gridDim.x;
+        red_release_add(bar, 1u);
+        while ((int)(ld_acquire(bar) - target) < 0)
+            ;
     }
     __syncthreads();
+}
+
+/* The end of a launch: the last CTA out records where the count stands. */
+__device__ __forceinline__ void grid_exit(unsigned *bar, unsigned target)
+{
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(bar + 2, 1u) == gridDim.x - 1) {
+            bar[2] = 0;
+            st_release(bar + 1, target);
+        }
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float v)
@@ -108,16 +126,18 @@ __device__ __forceinline__ float block_sum(float v, float *red)
 
 __device__ __forceinline__ float silu(float y) { return y / (1.0f + expf(-y)); }
 
-/* Shared-memory map of the GEMV phases (floats): the padded x layout, the
- * tile partials, the tile outputs, small things, the merge's split
- * statistics, x as B fragments (room for 9 x 1024 values). */
+/* Shared-memory map of the GEMV phases (floats): the padded x layout (up
+ * to 4096 values), the tile partials (up to 18 blocks; also the top-8's key
+ * stage), the tile outputs, small things, the merge's split statistics, x
+ * as B fragments (up to 4096 values, 3 parts); the GEMV ring follows
+ * (gemv.cuh). */
 #define SM_XS 0
-#define SM_RED 10368
-#define SM_OUT 14976
-#define SM_MISC 15264
-#define MERGE_STATS 16384
-#define SM_XB 18432
-#define SM_XB_END (SM_XB + 9 * 1024 / 16 * 12 * 2)
+#define SM_RED 4608
+#define SM_OUT 9216
+#define SM_MISC 9504
+#define MERGE_STATS 10496
+#define SM_XB 12544
+#define SM_XB_END (SM_XB + 4096 / 16 * 12 * 2)
 
 __device__ __forceinline__ uint32_t bf2_pack(float lo, float hi)
 {
@@ -205,6 +225,7 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
 template <int N>
 __device__ void load_xs(const float *src, float *xs, int parts)
 {
+    static_assert(N <= 4096, "the shared-memory map holds up to 4096 values of x");
     constexpr int NV = (N + HDC_THREADS - 1) / HDC_THREADS;
     float v[NV];
 #pragma unroll

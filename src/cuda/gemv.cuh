@@ -24,6 +24,8 @@ struct MatTile {
     int N, n0;
     const uint2 *xb; /* x as B fragments (xs_finish), in shared memory */
     int xl;          /* lanes that hold parts of x: 4 (bf16 x) or 12 */
+    int kus;         /* units (64 rows) of a column block in memory: the
+                      * map's K / 64; a tile may cover only a row range */
 };
 
 /* Two weights from the nibbles at bits 0-3 and 16-19 of v:
@@ -65,17 +67,12 @@ __device__ __forceinline__ Deq deq_consts(uint2 v)
 }
 
 /* One unit: four 16-row steps of a 16-column block, the even steps into
- * acc0 and the odd ones into acc1 (two independent mma chains); the B
- * fragments are read first. */
+ * acc0 and the odd ones into acc1 (two independent mma chains); bx: the
+ * B fragments of the four steps. */
 __device__ __forceinline__ void unit_mma(float (&acc0)[4], float (&acc1)[4], uint4 q,
-                                         const Deq &za, const Deq &zb,
-                                         const uint2 *xb, bool has_x)
+                                         const Deq &za, const Deq &zb, const uint2 (&bx)[4])
 {
     const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-    uint2 bx[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        bx[i] = has_x ? xb[i * 12] : make_uint2(0u, 0u);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         uint32_t v = words[i];
@@ -97,82 +94,266 @@ __device__ __forceinline__ unsigned long long evict_first_policy()
     return pol;
 }
 
-__device__ __forceinline__ uint4 ld_weights(const uint4 *p, unsigned long long pol)
+/* The ring: shared memory past the GEMV map (SM_XB_END) that the bulk
+ * copies of a task's weight blocks stream into, and its mbarriers.  Each
+ * gemv_run drains it before it returns, so other phases may use the bytes
+ * (the attention does). */
+#define GEMV_CMAX 4 /* units of one 16-column block a warp takes, at most */
+#define GEMV_RING_OFF (SM_XB_END * 4)
+#define GEMV_RING_BYTES (152 * 1024)
+#define GEMV_RING_SLOTS 16
+#define GEMV_BAR_OFF (GEMV_RING_OFF + GEMV_RING_BYTES)
+#define GEMV_TILE_OFF (GEMV_BAR_OFF + 2 * GEMV_RING_SLOTS * 8)
+#define GEMV_MAXMAPS 9
+static_assert(sizeof(MatTile) <= 48, "tile size");
+static_assert(GEMV_TILE_OFF + GEMV_MAXMAPS * 48 <= HDC_SMEM_BYTES, "smem map");
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_inval(uint32_t bar)
+{
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" : : "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" : : "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 : : "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+/* bytes (a multiple of 16) from global src to shared dst, completing as
+ * transaction bytes on bar. */
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes,
+                                         uint32_t bar, unsigned long long pol)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 : : "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
+
+/* Block nb (a 16-column block index) of tile t: the weights, then the
+ * constants, into a ring slot. */
+__device__ __forceinline__ void ring_issue(const MatTile &t, int nb, int KU, uint32_t slot,
+                                           uint32_t bar, unsigned long long pol)
+{
+    const uint32_t wb = (uint32_t)KU * 512u, zb = (uint32_t)(KU / 2) * 128u;
+    mbar_expect_tx(bar, wb + zb);
+    bulk_g2s(slot, t.w + (size_t)nb * t.kus * 32, wb, bar, pol);
+    bulk_g2s(slot + wb, t.sz + (size_t)nb * (t.kus / 2) * 16, zb, bar, pol);
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t a)
 {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
     return v;
 }
 
-/* A warp's units (at most GEMV_CMAX) of one 16-column block. */
-#define GEMV_CMAX 4
-struct Stage {
-    uint4 q[GEMV_CMAX];
-    uint2 za[GEMV_CMAX], zb[GEMV_CMAX];
-};
-
-__device__ __forceinline__ void stage_load(Stage &st, const MatTile &t, int nb, int KU,
-                                           int kb0, int cnt, int lane,
-                                           unsigned long long pol)
+__device__ __forceinline__ uint2 lds64(uint32_t a)
 {
-    const uint4 *base = t.w + ((size_t)nb * KU + kb0) * 32 + lane;
-    const uint2 *sp = t.sz + (size_t)nb * (KU / 2) * 16 + (lane >> 2);
-#pragma unroll
-    for (int c = 0; c < GEMV_CMAX; c++) {
-        if (c < cnt) {
-            st.q[c] = ld_weights(base + c * 32, pol);
-            const uint2 *p = sp + ((kb0 + c) >> 1) * 16;
-            st.za[c] = __ldg(p);
-            st.zb[c] = __ldg(p + 8);
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+    return v;
+}
+
+/* out[j * 16 NB + c] = sum_k x_j[k] w_j[k][n0_j + c] for the nm maps of K
+ * rows, NB blocks of 16 columns each.  red: HDC_WARPS * nm * NB * 16
+ * floats; out: nm * NB * 16.
+ *
+ * Thread 0 streams the task's blocks (weights and constants of one 16-column
+ * block each) into the ring with bulk copies, as many ahead as the ring
+ * holds, so that the whole ring is in flight from DRAM; a slot is refilled
+ * once every warp has arrived on its "empty" barrier.  The warps read their
+ * units from shared memory.  One compact loop (the megakernel runs its code
+ * once a step: code size is time).  Every thread of the CTA must call;
+ * ends with __syncthreads. */
+/* HD_CUDA_TRACE: the events of CTA 5's first gemv_run (block issued, warp 0
+ * and warp 15 see it, warp 15 done), read by hdc_gemv_trace. */
+__device__ unsigned long long g_gtr[4][64];
+__device__ int g_gtr_on;
+
+__device__ __forceinline__ void gtr_mark(int ev, int jb)
+{
+    if (blockIdx.x == 5 && g_gtr_on && g_gtr[0][63] == 0 && jb < 63) {
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        g_gtr[ev][jb] = ns;
+    }
+}
+
+/* The ring's geometry for a task: slot size and slot count. */
+__device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
+{
+    const int KU = K / 64;
+    slot_bytes = (uint32_t)KU * 512u + (uint32_t)(KU / 2) * 128u;
+    int ns = GEMV_RING_BYTES / slot_bytes;
+    ns = ns < GEMV_RING_SLOTS ? ns : GEMV_RING_SLOTS;
+    return ns < NJB ? ns : NJB;
+}
+
+/* Set a task up: its tiles into shared memory, the ring's barriers, and
+ * the first ns blocks issued.  Every thread calls.  (Issuing a phase's
+ * first blocks before its RMSNorm or B fragments was measured slower: the
+ * bulk copies queue ahead of those small, critical loads.) */
+__device__ __forceinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
+{
+    extern __shared__ float4 smem4[];
+    const uint32_t base = smem_addr(smem4);
+    const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
+                   empty = full + GEMV_RING_SLOTS * 8;
+    uint32_t slot_bytes;
+    const int ns = ring_slots(K, nm * NB, slot_bytes);
+    /* the tiles, for thread 0's issues (the caller's array is in local
+     * memory, and L1 is small next to 227 KB of shared memory) */
+    MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
+    if (threadIdx.x < nm)
+        tl[threadIdx.x] = m[threadIdx.x];
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            mbar_init(full + i * 8, 1);
+            mbar_init(empty + i * 8, HDC_WARPS);
+        }
+        /* the initialized barriers, and bytes other phases wrote with
+         * ordinary stores, before the async proxy's writes */
+        asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long pol = evict_first_policy();
+        int pj = 0, pb = 0;
+        for (int i = 0; i < ns; i++) {
+            gtr_mark(0, i);
+            ring_issue(tl[pj], (tl[pj].n0 >> 4) + pb, K / 64, ring + i * slot_bytes,
+                       full + i * 8, pol);
+            if (++pb == NB) {
+                pb = 0;
+                pj++;
+            }
         }
     }
 }
 
 /* out[j * 16 NB + c] = sum_k x_j[k] w_j[k][n0_j + c] for the nm maps of K
  * rows, NB blocks of 16 columns each.  red: HDC_WARPS * nm * NB * 16
- * floats; out: nm * NB * 16.  One compact loop (the megakernel runs its code
- * once a step: code size is time), with the next block's loads in flight
- * while the current one is multiplied.  Every thread of the CTA must call;
+ * floats; out: nm * NB * 16.
+ *
+ * Thread 0 streams the task's blocks (weights and constants of one 16-column
+ * block each) into the ring with bulk copies, as many ahead as the ring
+ * holds, so that the whole ring is in flight from DRAM; a slot is refilled
+ * once every warp has arrived on its "empty" barrier.  The warps read their
+ * units from shared memory.  One compact loop (the megakernel runs its code
+ * once a step: code size is time).  Every thread of the CTA must call;
  * ends with __syncthreads. */
 __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
                                       float *red, float *out)
 {
+    extern __shared__ float4 smem4[];
     const int NJB = nm * NB, KU = K / 64;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int kb0 = w * KU / HDC_WARPS, cnt = (w + 1) * KU / HDC_WARPS - kb0;
+    const uint32_t base = smem_addr(smem4);
+    const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
+                   empty = full + GEMV_RING_SLOTS * 8;
+    const uint32_t wbytes = (uint32_t)KU * 512u;
+    uint32_t slot_bytes;
+    const int ns = ring_slots(K, NJB, slot_bytes);
+    MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
+    gemv_setup(m, nm, NB, K);
     const unsigned long long pol = evict_first_policy();
-
-    Stage cur, nxt;
-    stage_load(cur, m[0], m[0].n0 >> 4, KU, kb0, cnt, lane, pol);
+    /* the producer's cursors: the slot (and its use parity) to refill next,
+     * and the next block to issue (tile pj, its block pb) */
+    int pslot = 0, pj = ns / NB, pb = ns % NB;
+    uint32_t pph = 0;
+    int sl = 0;           /* the consumers' slot */
+    uint32_t ph = 0;      /* and the parity of its current use */
+    int jb = 0;
 #pragma unroll 1
-    for (int jb = 0; jb < NJB; jb++) {
-        const int j = jb / NB;
-        if (jb + 1 < NJB) {
-            const MatTile &t = m[(jb + 1) / NB];
-            stage_load(nxt, t, (t.n0 >> 4) + (jb + 1) % NB, KU, kb0, cnt, lane, pol);
-        }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const uint2 *xb = m[j].xb + (size_t)kb0 * 4 * 12 + lane;
-        const bool has_x = lane < m[j].xl;
+    for (int j = 0; j < nm; j++) {
+        const uint32_t xb = smem_addr(tl[j].xb) + (uint32_t)(kb0 * 4 * 12 + lane) * 8u;
+        const bool has_x = lane < tl[j].xl;
+#pragma unroll 1
+        for (int b = 0; b < NB; b++, jb++) {
+            /* refill the slot of the previous block once every warp is done */
+            if (threadIdx.x == 0 && jb >= 1 && jb - 1 + ns < NJB) {
+                mbar_wait(empty + pslot * 8, pph);
+                gtr_mark(0, jb - 1 + ns);
+                ring_issue(tl[pj], (tl[pj].n0 >> 4) + pb, KU, ring + pslot * slot_bytes,
+                           full + pslot * 8, pol);
+                if (++pb == NB) {
+                    pb = 0;
+                    pj++;
+                }
+                if (++pslot == ns) {
+                    pslot = 0;
+                    pph ^= 1u;
+                }
+            }
+            __syncwarp();
+            const uint32_t sw = ring + sl * slot_bytes, sz = sw + wbytes;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mbar_wait(full + sl * 8, ph);
+            if (lane == 0 && (w == 0 || w == 15))
+                gtr_mark(w ? 2 : 1, jb);
 #pragma unroll
-        for (int c = 0; c < GEMV_CMAX; c++)
-            if (c < cnt)
-                unit_mma(acc, acc1, cur.q[c], deq_consts(cur.za[c]), deq_consts(cur.zb[c]),
-                         xb + c * 4 * 12, has_x);
+            for (int c = 0; c < GEMV_CMAX; c++)
+                if (c < cnt) {
+                    const uint4 q = lds128(sw + (uint32_t)(((kb0 + c) * 32 + lane) * 16));
+                    const uint32_t zp = sz + (uint32_t)((((kb0 + c) >> 1) * 16 + g) * 8);
+                    const uint32_t xc = xb + (uint32_t)c * (4 * 12 * 8);
+                    uint2 bx[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[i] += acc1[i];
-        /* column 0 + column 1 here, column 2 in the next lane */
-        float lo0 = __shfl_down_sync(0xffffffffu, acc[0], 1);
-        float lo2 = __shfl_down_sync(0xffffffffu, acc[2], 1);
-        if (tq == 0) {
-            red[(w * NJB + jb) * 16 + g] = (acc[0] + acc[1]) + lo0;
-            red[(w * NJB + jb) * 16 + g + 8] = (acc[2] + acc[3]) + lo2;
+                    for (int i = 0; i < 4; i++)
+                        bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
+                    unit_mma(acc, acc1, q, deq_consts(lds64(zp)), deq_consts(lds64(zp + 64)),
+                             bx);
+                }
+            __syncwarp();
+            if (lane == 0 && w == 15)
+                gtr_mark(3, jb);
+            if (lane == 0)
+                mbar_arrive(empty + sl * 8);
+            if (++sl == ns) {
+                sl = 0;
+                ph ^= 1u;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[i] += acc1[i];
+            /* column 0 + column 1 here, column 2 in the next lane */
+            float lo0 = __shfl_down_sync(0xffffffffu, acc[0], 1);
+            float lo2 = __shfl_down_sync(0xffffffffu, acc[2], 1);
+            if (tq == 0) {
+                red[(w * NJB + jb) * 16 + g] = (acc[0] + acc[1]) + lo0;
+                red[(w * NJB + jb) * 16 + g + 8] = (acc[2] + acc[3]) + lo2;
+            }
         }
-        cur = nxt;
     }
     __syncthreads();
     if (threadIdx.x < NJB * 16) {
@@ -181,6 +362,14 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
         for (int i = 0; i < HDC_WARPS; i++)
             s += red[i * NJB * 16 + threadIdx.x];
         out[threadIdx.x] = s;
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            mbar_inval(full + i * 8);
+            mbar_inval(empty + i * 8);
+        }
+        if (blockIdx.x == 5 && g_gtr_on && g_gtr[0][63] == 0)
+            g_gtr[0][63] = (unsigned long long)NJB;
     }
     __syncthreads();
 }
@@ -215,6 +404,18 @@ __device__ __forceinline__ MatTile mat_tile(const QMat &q, int member, int n0,
     t.n0 = n0;
     t.xb = xb;
     t.xl = 4 * parts;
+    t.kus = q.K / 64;
+    return t;
+}
+
+/* The same for the rows [k0, k0 + the task's K) only (k0 a multiple of
+ * 128); xb is the B fragments of the whole x. */
+__device__ __forceinline__ MatTile mat_tile_rows(const QMat &q, int member, int n0,
+                                                 const uint2 *xb, int parts, int k0)
+{
+    MatTile t = mat_tile(q, member, n0, xb + (k0 / 16) * 12, parts);
+    t.w += (size_t)(k0 / 64) * 32;
+    t.sz += (size_t)(k0 / 128) * 16;
     return t;
 }
 

@@ -11,7 +11,7 @@
 #define HDC_WARPS (HDC_THREADS / 32)
 #define HDC_XS_STRIDE 36         /* floats per 32-value chunk of x in smem */
 #define HDC_PART 516             /* floats per (split, head) partial       */
-#define HDC_SMEM_BYTES (150 * 1024)
+#define HDC_SMEM_BYTES (227 * 1024) /* the most a CTA may have on sm_90 */
 
 /* A quantized linear map repacked for the tensor-core GEMV (repack.cu):
  *   w  units of 16 columns x 64 rows, 512 bytes, unit (nb, kb) at
@@ -65,7 +65,9 @@ struct StepParams {
     float *logits; /* [E] */
     float *ff;     /* [9][1024] expert activations (8 routed, shared) */
     float *route;  /* [16]: 8 expert indices (as float bits) + 8 weights */
-    unsigned *bar; /* [2] grid barrier: count, generation */
+    float *dpart;  /* [9][2304] the down projections' outputs */
+    unsigned *dcnt; /* [144] units done per 16-column block (0 at rest) */
+    unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
     unsigned long long *trace; /* HD_CUDA_TRACE: [grid][32] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
@@ -73,6 +75,7 @@ struct StepParams {
 
 /* mega.cu */
 cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm);
+cudaError_t hdc_gemv_trace(unsigned long long *host, int on);
 cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream);
 
 /* repack.cu: bytes of the repacked form of one map (all members). */

@@ -137,7 +137,9 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
     }
 }
 
-/* o_proj (K = 4096 -> 2304) and the residual: 144 tasks of 16 columns. */
+/* o_proj (K = 4096 -> 2304) and the residual: 144 tasks of 16 columns.
+ * (Splitting K to balance the 144 tasks over 132 CTAs was slower: the
+ * partial sums' round trips through L2 cost more than the imbalance.) */
 __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
@@ -145,12 +147,15 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
         return;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     load_xs<HDC_A>(P.attn, xs, 1); /* bf16 values */
-    for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
-        int n0 = task * 16;
-        MatTile m[1] = {mat_tile(o, 0, n0, xb, 1)};
-        gemv_tile<16, 1, HDC_A>(m, red, out);
-        if (threadIdx.x < 16) {
-            int n = n0 + threadIdx.x;
+    /* a CTA's tasks (one or two) in one GEMV */
+    for (int t0 = blockIdx.x; t0 < HDC_D / 16; t0 += 2 * gridDim.x) {
+        const int nt = t0 + gridDim.x < HDC_D / 16 ? 2 : 1;
+        MatTile m[2] = {mat_tile(o, 0, t0 * 16, xb, 1),
+                        mat_tile(o, 0, (nt > 1 ? t0 + gridDim.x : t0) * 16, xb, 1)};
+        gemv_run(m, nt, 1, HDC_A, red, out);
+        if (threadIdx.x < 16 * nt) {
+            const int i = threadIdx.x >> 4;
+            const int n = (t0 + i * gridDim.x) * 16 + (threadIdx.x & 15);
             P.h[n] = bfr(ldcg(P.h + n) + bfr(out[threadIdx.x]));
         }
     }

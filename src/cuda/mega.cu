@@ -13,6 +13,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     int mark = 0;
+    unsigned gt = grid_base(P.bar); /* the grid barrier's target (thread 0) */
     /* Thread 0 of each CTA asks L2 for the bytes of this CTA's next phases
      * as soon as they are known, so that DRAM streams while the current
      * phase computes and waits at its barrier. */
@@ -37,14 +38,14 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             }
             kda_proj(P, L, first, sm);
             trace_mark(tr, 1);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             trace_mark(tr, 2);
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
             kda_delta(P, L, sm);
             trace_mark(tr, 3);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             trace_mark(tr, 4);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[4], sm);
@@ -52,35 +53,35 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             if (pf)
                 mla_kvb_prefetch(L);
             mla_proj(P, L, first, sm);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             phase_mark(P.timers, mark);
             if (pf)
                 out_proj_prefetch(L.p[3]);
             mla_absorb(P, L, sm);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
             mla_attend(P, L, sm);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm);
         }
         trace_mark(tr, 5);
-        grid_sync(P.bar);
+        grid_sync(P.bar, gt);
         trace_mark(tr, 6);
         phase_mark(P.timers, mark);
         moe_router(P, L, sm);
         trace_mark(tr, 7);
-        grid_sync(P.bar);
+        grid_sync(P.bar, gt);
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
         trace_mark(tr, 9);
-        grid_sync(P.bar);
+        grid_sync(P.bar, gt);
         trace_mark(tr, 10);
         phase_mark(P.timers, mark);
         if (pf && !last) {
@@ -92,9 +93,10 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         moe_down(P, L, last, sm);
         trace_mark(tr, 11);
         if (!last)
-            grid_sync(P.bar);
+            grid_sync(P.bar, gt);
         phase_mark(P.timers, mark);
     }
+    grid_exit(P.bar, gt);
 }
 
 cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm)
@@ -116,4 +118,17 @@ cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream)
     return cudaLaunchCooperativeKernel((const void *)hd_mega, dim3(grid),
                                        dim3(HDC_THREADS), args, HDC_SMEM_BYTES,
                                        stream);
+}
+
+/* HD_CUDA_TRACE: on != 0 arms the gemv trace; on == 0 copies it out (4 x 64
+ * times, ns) and disarms it. */
+cudaError_t hdc_gemv_trace(unsigned long long *host, int on)
+{
+    static unsigned long long zero[4][64];
+    if (on) {
+        cudaError_t e = cudaMemcpyToSymbol(g_gtr, zero, sizeof zero);
+        return e != cudaSuccess ? e : cudaMemcpyToSymbol(g_gtr_on, &on, sizeof on);
+    }
+    cudaError_t e = cudaMemcpyFromSymbol(host, g_gtr, sizeof zero);
+    return e != cudaSuccess ? e : cudaMemcpyToSymbol(g_gtr_on, &on, sizeof on);
 }

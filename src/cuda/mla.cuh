@@ -27,30 +27,40 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
+    const int ntask = MLA_Q / 32 + MLA_KV / 32;
     rmsnorm_xs(P.h, first ? P.hin : nullptr, L.attn_norm, xs, sm + SM_MISC);
     if (first && blockIdx.x == 0)
         for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
             P.h[i] = bf16f(P.hin[i]);
-    const int ntask = MLA_Q / 32 + MLA_KV / 32;
-    for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
-        bool isq = task < MLA_Q / 32;
-        int n0 = isq ? task * 32 : (task - MLA_Q / 32) * 32;
-        MatTile m[1] = {mat_tile(isq ? L.p[0] : L.p[1], 0, n0, xb, 1)};
-        gemv_tile<32, 1, HDC_D>(m, red, out);
-        if (threadIdx.x < 32) {
-            int t = threadIdx.x, n = n0 + t;
-            float v = bfr(out[t]);
+    /* a CTA's tasks (one or two) in one GEMV */
+    for (int t0 = blockIdx.x; t0 < ntask; t0 += 2 * gridDim.x) {
+        const int nt = t0 + gridDim.x < ntask ? 2 : 1;
+        MatTile m[2];
+        for (int i = 0; i < 2; i++) {
+            const int task = i < nt ? t0 + i * gridDim.x : t0;
+            const bool isq = task < MLA_Q / 32;
+            m[i] = mat_tile(isq ? L.p[0] : L.p[1], 0,
+                            isq ? task * 32 : (task - MLA_Q / 32) * 32, xb, 1);
+        }
+        gemv_run(m, nt, 2, HDC_D, red, out);
+        if (threadIdx.x < 32 * nt) {
+            const int i = threadIdx.x >> 5, t = threadIdx.x & 31;
+            const float *o32 = out + 32 * i;
+            const int task = t0 + i * gridDim.x;
+            const bool isq = task < MLA_Q / 32;
+            const int n = (isq ? task * 32 : (task - MLA_Q / 32) * 32) + t;
+            float v = bfr(o32[t]);
             if (isq) {
                 int ph = n % 192;
                 if (ph >= 128) {
-                    float e = bfr(out[t & ~1]), o = bfr(out[t | 1]);
+                    float e = bfr(o32[t & ~1]), o = bfr(o32[t | 1]);
                     v = bfr(rope(e, o, (ph - 128) >> 1, P.pos, t & 1));
                 }
                 P.q[n] = v;
             } else if (n < 512) {
                 P.ckv[L.slot][(size_t)P.pos * 512 + n] = f2bf(v);
             } else {
-                float e = bfr(out[t & ~1]), o = bfr(out[t | 1]);
+                float e = bfr(o32[t & ~1]), o = bfr(o32[t | 1]);
                 P.krope[L.slot][(size_t)P.pos * 64 + (n - 512)] =
                     f2bf(rope(e, o, (n - 512) >> 1, P.pos, t & 1));
             }
@@ -330,13 +340,13 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
         float num = 0.0f, den = 0.0f;
         const int d = threadIdx.x;
         int s = 0;
-        for (; s + 4 <= ns; s += 4) {
-            float a[4];
+        for (; s + 8 <= ns; s += 8) {
+            float a[8];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < 8; u++)
                 a[u] = ldcg(P.parts + ((size_t)(s + u) * 32 + hh) * HDC_PART + d);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 8; u++) {
                 float m = st_m[s + u];
                 float e = m == -INFINITY ? 0.0f : expf(m - M);
                 den += e * st_l[s + u];

@@ -220,10 +220,10 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
                   cudaMemcpyHostToDevice));
 
     /* Scratch (floats): h, act, beta, attn, q, ql, logits, ff, route,
-     * parts; then hin, hout (bf16) and the barrier. */
+     * parts, dpart, dcnt; then hin, hout (bf16) and the barrier. */
     cm->parts_splits = (size_t)cm->grid;
     nf = HD_HIDDEN + 4 * 4096 + 32 + 4096 + 6144 + 32 * 512 + pad256(E * 4) / 4 +
-         9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART;
+         9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART + 9 * HD_HIDDEN + 256;
     CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
                                     (size_t)cm->grid * 32 * 8));
     CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
@@ -245,13 +245,17 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.ff = f; f += 9 * 1024;
         p.route = f; f += 16;
         p.parts = f; f += cm->parts_splits * 32 * HDC_PART;
+        p.dpart = f; f += 9 * HD_HIDDEN;
+        p.dcnt = (unsigned *)f; f += 256;
         p.hin = (const uint16_t *)f;
         p.hout = (uint16_t *)f + HD_HIDDEN;
         p.bar = (unsigned *)((uint16_t *)f + 2 * HD_HIDDEN);
         p.timers = (unsigned long long *)((uint8_t *)p.bar + 256);
-        /* HD_CUDA_PREFETCH=0 turns the L2 prefetch off (for measuring it) */
+        /* HD_CUDA_PREFETCH=1 turns the L2 prefetch of later phases on: since
+         * the weights stream through the shared-memory ring it only delays
+         * the small loads of each phase's start (measured: docs/PERF-CUDA.md) */
         const char *pf = getenv("HD_CUDA_PREFETCH");
-        p.prefetch = !(pf && strcmp(pf, "0") == 0);
+        p.prefetch = pf && strcmp(pf, "1") == 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
@@ -444,6 +448,15 @@ static void print_phases(const hd_model *model, const StepParams *p,
         }
         fprintf(stderr, "\n");
         cudaMemset(p->trace, 0, tr.size() * 8);
+        unsigned long long g[4][64];
+        if (hdc_gemv_trace(&g[0][0], 0) == cudaSuccess && g[0][0]) {
+            fprintf(stderr, "gemv trace (CTA 5, first task, %llu blocks; us: issued / warp0 sees / warp15 sees / warp15 done):", g[0][63]);
+            for (int jb = 0; jb < (int)g[0][63] && jb < 63; jb++)
+                fprintf(stderr, " [%d] %.2f %.2f %.2f %.2f", jb, (double)(g[0][jb] - g[0][0]) * 1e-3,
+                        (double)(g[1][jb] - g[0][0]) * 1e-3, (double)(g[2][jb] - g[0][0]) * 1e-3,
+                        (double)(g[3][jb] - g[0][0]) * 1e-3);
+            fprintf(stderr, "\n");
+        }
     }
 }
 
@@ -476,6 +489,8 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (e == cudaSuccess)
         e = cudaMemcpyAsync((void *)p.hin, in, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
                             cm->stream);
+    if (e == cudaSuccess && p.trace && getenv("HD_CUDA_PHASES"))
+        e = hdc_gemv_trace(nullptr, 1);
     if (e == cudaSuccess)
         e = hdc_launch(&p, cm->grid, cm->stream);
     if (e == cudaSuccess)
@@ -486,8 +501,10 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (e == cudaSuccess && getenv("HD_CUDA_PHASES"))
         print_phases(model, &p, cm->stream);
     if (e != cudaSuccess) {
-        /* Put the barrier back at rest for a later launch. */
-        cudaMemsetAsync(p.bar, 0, 8, cm->stream);
+        /* Put the barrier and the down counters back at rest for a later
+         * launch. */
+        cudaMemsetAsync(p.bar, 0, 16, cm->stream);
+        cudaMemsetAsync(p.dcnt, 0, 256 * 4, cm->stream);
         cudaStreamSynchronize(cm->stream);
         fprintf(stderr, "libhd cuda: step failed: %s\n", cudaGetErrorString(e));
     }

@@ -16,19 +16,19 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
     const int E = P.experts;
-    const int ntask = MOE_I / 32 + (E + HDC_WARPS - 1) / HDC_WARPS;
+    const int ntask = MOE_I / 16 + (E + HDC_WARPS - 1) / HDC_WARPS;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 14);
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
-        if (task < MOE_I / 32) {
-            int n0 = task * 32;
+        if (task < MOE_I / 16) {
+            int n0 = task * 16;
             MatTile m[2] = {mat_tile(L.sgate, 0, n0, xb, 1), mat_tile(L.sup, 0, n0, xb, 1)};
-            gemv_tile<32, 2, HDC_D>(m, red, out);
-            if (threadIdx.x < 32)
-                P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[32 + threadIdx.x];
+            gemv_tile<16, 2, HDC_D>(m, red, out);
+            if (threadIdx.x < 16)
+                P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[16 + threadIdx.x];
         } else {
-            int e = (task - MOE_I / 32) * HDC_WARPS + w;
+            int e = (task - MOE_I / 16) * HDC_WARPS + w;
             if (e < E) {
                 const uint4 *r = reinterpret_cast<const uint4 *>(L.router + (size_t)e * HDC_D);
                 float s = 0.0f;
@@ -59,13 +59,13 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
 {
     const int E = P.experts;
-    const int ntask = MOE_I / 32 + (E + HDC_WARPS - 1) / HDC_WARPS;
+    const int ntask = MOE_I / 16 + (E + HDC_WARPS - 1) / HDC_WARPS;
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
-        if (task < MOE_I / 32) {
-            prefetch_cols(L.sgate, 0, task * 32, 32);
-            prefetch_cols(L.sup, 0, task * 32, 32);
+        if (task < MOE_I / 16) {
+            prefetch_cols(L.sgate, 0, task * 16, 16);
+            prefetch_cols(L.sup, 0, task * 16, 16);
         } else {
-            int e0 = (task - MOE_I / 32) * HDC_WARPS, n = min(HDC_WARPS, E - e0);
+            int e0 = (task - MOE_I / 16) * HDC_WARPS, n = min(HDC_WARPS, E - e0);
             l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)n * HDC_D * 2);
         }
     }
@@ -148,11 +148,13 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
  * tiles.  CTA 0 publishes the choice for phase D. */
 __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L, float *sm)
 {
-    float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
+    float *red = sm + SM_RED, *out = sm + SM_OUT;
     int *sel = reinterpret_cast<int *>(sm + SM_MISC + 32);
     float *wt = sm + SM_MISC + 40;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
+    /* x = norm(h) is still in shared memory (xs and its B fragments at
+     * SM_XB) from phase R: h has not changed since, and nothing in between
+     * writes there. */
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 15);
     top8(P, sel, wt, red);
@@ -174,30 +176,45 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
             prefetch_cols(L.sdown, 0, task * 16, 16);
         }
     }
-    for (int task = blockIdx.x; task < 8 * (MOE_I / 32); task += gridDim.x) {
-        int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
-        int e = sel[j];
-        MatTile m[2] = {mat_tile(L.gate, e, n0, xb, 1), mat_tile(L.up, e, n0, xb, 1)};
-        gemv_tile<32, 2, HDC_D>(m, red, out);
-        if (threadIdx.x < 32)
-            P.ff[j * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[32 + threadIdx.x];
-        if (task == blockIdx.x)
-            trace_mark(tr, 17);
+    /* a CTA's tasks two at a time in one GEMV, so that its weight stream
+     * does not drain between them */
+    for (int t0 = blockIdx.x; t0 < 8 * (MOE_I / 32); t0 += 2 * gridDim.x) {
+        const int nt = t0 + gridDim.x < 8 * (MOE_I / 32) ? 2 : 1;
+        MatTile m[4];
+        for (int i = 0; i < nt; i++) {
+            const int task = t0 + i * gridDim.x;
+            const int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
+            m[2 * i] = mat_tile(L.gate, sel[j], n0, xb, 1);
+            m[2 * i + 1] = mat_tile(L.up, sel[j], n0, xb, 1);
+        }
+        gemv_run(m, 2 * nt, 2, HDC_D, red, out);
+        if (threadIdx.x < 32 * nt) {
+            const int i = threadIdx.x >> 5, c = threadIdx.x & 31;
+            const int task = t0 + i * gridDim.x;
+            const int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
+            P.ff[j * MOE_I + n0 + c] = silu(out[64 * i + c]) * out[64 * i + 32 + c];
+        }
+        trace_mark(tr, 17);
     }
 }
 
-/* Phase D: for 16 columns at a time (144 tasks) the 9 down projections,
- * t = bf(sum_j w_j y_j + y_shared), h = bf(h + t). */
+/* Phase D: the 9 down projections (8 routed, the shared one) as 9 x 144
+ * units of 16 columns, map-major, split evenly over the CTAs (a CTA's
+ * range spans one or two maps, so it builds the B fragments of only those
+ * f_j).  Each unit's outputs go to dpart; the CTA that completes a column
+ * block (its 9th unit, counted in dcnt) sums it in the fixed order
+ *   t = bf(sum_j w_j y_j + y_shared), h = bf(h + t)
+ * and puts the count back to 0. */
 __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bool last,
                          float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
-    if (blockIdx.x >= HDC_D / 16)
-        return;
+    int *fin = reinterpret_cast<int *>(sm + SM_MISC + 64);
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    load_xs<9 * MOE_I>(P.ff, xs, 3); /* fp32 values */
+    constexpr int NBK = HDC_D / 16, NU = 9 * NBK;
+    const int u0 = (int)((long long)blockIdx.x * NU / gridDim.x);
+    const int u1 = (int)((long long)(blockIdx.x + 1) * NU / gridDim.x);
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
-    trace_mark(tr, 18);
     int sel[8];
     float wt[8];
 #pragma unroll
@@ -205,26 +222,39 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
         sel[j] = __float_as_int(ldcg(P.route + j));
         wt[j] = ldcg(P.route + 8 + j);
     }
-    const int XBM = MOE_I / 16 * 12; /* B fragment entries of one map */
-    for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
-        int n0 = task * 16;
-        MatTile m[9];
+    for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
+        const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
+        load_xs<MOE_I>(P.ff + j * MOE_I, xs, 3); /* fp32 values */
+        trace_mark(tr, 18);
+        for (int c0 = b0; c0 < b1; c0 += 16) {
+            const int nb = min(16, b1 - c0);
+            MatTile m[1] = {j < 8 ? mat_tile(L.down, sel[j], c0 * 16, xb, 3)
+                                  : mat_tile(L.sdown, 0, c0 * 16, xb, 3)};
+            gemv_run(m, 1, nb, MOE_I, red, out);
+            if (threadIdx.x < nb * 16) {
+                P.dpart[j * HDC_D + c0 * 16 + threadIdx.x] = out[threadIdx.x];
+                __threadfence();
+            }
+            __syncthreads();
+            if (threadIdx.x < nb)
+                fin[threadIdx.x] = atomicAdd(P.dcnt + c0 + threadIdx.x, 1u) == 8u;
+            __syncthreads();
+            if (threadIdx.x < nb * 16 && fin[threadIdx.x >> 4]) {
+                __threadfence();
+                const int n = c0 * 16 + threadIdx.x;
+                float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            m[j] = mat_tile(L.down, sel[j], n0, xb + j * XBM, 3);
-        m[8] = mat_tile(L.sdown, 0, n0, xb + 8 * XBM, 3);
-        gemv_tile<16, 9, MOE_I>(m, red, out);
-        if (threadIdx.x < 16) {
-            int n = n0 + threadIdx.x;
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc = fmaf(out[j * 16 + threadIdx.x], wt[j], acc);
-            float t = bfr(acc + out[8 * 16 + threadIdx.x]);
-            float hn = bfr(ldcg(P.h + n) + t);
-            P.h[n] = hn;
-            if (last)
-                P.hout[n] = f2bf(hn);
+                for (int k = 0; k < 8; k++)
+                    acc = fmaf(ldcg(P.dpart + k * HDC_D + n), wt[k], acc);
+                float t = bfr(acc + ldcg(P.dpart + 8 * HDC_D + n));
+                float hn = bfr(ldcg(P.h + n) + t);
+                P.h[n] = hn;
+                if (last)
+                    P.hout[n] = f2bf(hn);
+                if ((threadIdx.x & 15) == 0)
+                    P.dcnt[c0 + (threadIdx.x >> 4)] = 0u;
+            }
+            __syncthreads();
         }
     }
 }
