@@ -8,6 +8,8 @@
 #     sanitize  compute-sanitizer memcheck and racecheck on a short run
 #     bench     our step time at E 256, contexts 0 / 4096 / 32768
 #     seed      the seed's Triton kernel, same contexts (CUDA events)
+#     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
+#               (HD_CUDA_TRACE=1), context 4096
 # Logs go to $OUT; a summary table is printed last.
 # Usage: .device/device-run.sh STAGE...
 set -u
@@ -82,6 +84,11 @@ for stage in "$@"; do
             >"$OUT/bench.log" 2>&1
         grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
         grep "^phases" "$OUT/bench.log"
+        ;;
+    trace)
+        HD_CUDA_TRACE=1 LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
+            >"$OUT/trace.log" 2>&1
+        grep -E "^bench|^phases|^trace|^gemv" "$OUT/trace.log"
         ;;
     seed)
         PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \
