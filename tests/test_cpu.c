@@ -418,7 +418,7 @@ START_TEST(test_bf16_gemv)
         float *x = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
-        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 4), K, 0 };
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), K, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -468,7 +468,7 @@ START_TEST(test_bf16_gemv)
             gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.bf16, 0);
-            for (int i = 0; i < 2 * K; i++)
+            for (int i = 0; i < K; i++)
                 xq.xb[i] = 0x7fc0;              /* NaN */
             cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, &xq, y);
             k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);

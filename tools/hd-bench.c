@@ -308,7 +308,7 @@ static int run_gemv(const bench_config *c)
         /* x's bf16 words too: x is exactly bf16 (below), as a step's
          * normed inputs are, so kernels with a bf16 GEMV use it */
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
-                      malloc((size_t)K * 2 * sizeof(uint16_t)), K, 0 };
+                      malloc((size_t)K * sizeof(uint16_t)), K, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;

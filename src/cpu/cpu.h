@@ -60,13 +60,12 @@ typedef struct cpu_qmat {
  * When every x is exactly a bf16 (the RMSNorm outputs, the attention
  * outputs: vectors the step rounds to bf16 anyway) and normal or zero,
  * also as bf16 words for vdpbf16ps, whose products of two bf16 are exact
- * in fp32: so x is not rounded.  Per 32 inputs i: x[32i .. 32i + 15]
- * twice, then x[32i + 16 .. 32i + 31] twice (one copy per 256-bit half:
- * the halves are the two columns of a tile).  xb may be NULL (never
- * used); bf16 says whether it holds x. */
+ * in fp32: so x is not rounded.  In x's own order (the kernel reads the
+ * nibble bytes in theirs).  xb may be NULL (never used); bf16 says whether
+ * it holds x. */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
-    uint16_t *xb;                   /* [2k] or NULL */
+    uint16_t *xb;                   /* [k] or NULL */
     int k;
     int bf16;                       /* xb holds x (cpu_prepare_x) */
 } cpu_xq;

@@ -19,8 +19,9 @@
  * Why it is faster.  Per 64 weights the fp32 kernel spends ~15 zmm
  * instructions, 6 of them widening bf16 to fp32 (shift, mask) and 4 FMAs;
  * here the looked-up words go straight into 2 vdpbf16ps (two products per
- * lane), and x's bf16 words are laid out in the bytes' own order (cpu.h),
- * so the vpermw that put the nibbles in x's order goes too.  That made
+ * lane), and a column's 16 bytes of a chunk, widened, are the inputs in
+ * order (low nibbles, then high), so x's bf16 words are read as they are
+ * and the vpermw that put the nibbles in x's order goes too.  That made
  * the tile's table (once per 256 weights) half of the time, so the table
  * is built with vcvtne2ps2bf16 (tile_table_bf16).  Zen 4 runs zmm
  * instructions as two 256-bit halves: the ymm form below (one column per
@@ -96,13 +97,13 @@ static inline void tile_ymm_fp32(const uint8_t *t, const uint16_t *xg,
     const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
     for (int i = 0; i < 4; i++) {
         const uint8_t *c = t + 32 * i;
-        const uint16_t *xc = xg + 64 * i;
+        const uint16_t *xc = xg + 32 * i;
         __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
         __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
         *al = fma8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
-        *ah = fma8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 32);
+        *ah = fma8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
         *bl = fma8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
-        *bh = fma8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 32);
+        *bh = fma8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
     }
 }
 
@@ -125,8 +126,8 @@ static inline float hsum8(__m256 v)
  * inputs 32i + b, low nibble, and 32i + 16 + b, high nibble); vpermw on a
  * ymm reads only the low 4 bits of an index, so the widened bytes index
  * the column's 16-entry table as they are, and shifted right by 4 they
- * index the high nibbles.  x's words 64i .. 64i + 15 are the inputs
- * 32i .. 32i + 15, words 64i + 32 .. 64i + 47 the next 16 (cpu.h).  The
+ * index the high nibbles: the inputs 32i .. 32i + 15 and the next 16,
+ * x's words at 32i and 32i + 16.  The
  * ymm form: per 64 weights 12 ymm instructions (2 widenings, 2 shifts, 4
  * vpermw, 4 vdpbf16ps); the zmm form (both columns in one zmm, a column
  * bit merged into the indices: 8 zmm, i.e. 16 halves on Zen 4) measured
@@ -146,13 +147,13 @@ tile_ymm(const uint8_t *t, const uint16_t *xg, __m256 *al, __m256 *ah,
     const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
     for (int i = 0; i < 4; i++) {
         const uint8_t *c = t + 32 * i;
-        const uint16_t *xc = xg + 64 * i;
+        const uint16_t *xc = xg + 32 * i;
         __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
         __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
         *al = dp8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
-        *ah = dp8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 32);
+        *ah = dp8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
         *bl = dp8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
-        *bh = dp8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 32);
+        *bh = dp8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
     }
 }
 
@@ -170,7 +171,7 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
         __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            const uint16_t *xg = xb + (size_t)g * 2 * CPU_GROUP;
+            const uint16_t *xg = xb + (size_t)g * CPU_GROUP;
             _mm_prefetch(pf, _MM_HINT_T0);
             _mm_prefetch(pf + 64, _MM_HINT_T0);
             _mm_prefetch(pf + 128, _MM_HINT_T0);
@@ -193,7 +194,7 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
             _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
-            tile_ymm(t, xb + (size_t)g * 2 * CPU_GROUP, &a0, &a1, &a2, &a3);
+            tile_ymm(t, xb + (size_t)g * CPU_GROUP, &a0, &a1, &a2, &a3);
         }
         y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
         y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));

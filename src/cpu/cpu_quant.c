@@ -33,12 +33,9 @@ void cpu_prepare_x(const float *x, int k, cpu_xq *q)
     q->bf16 = q->xb && k % 32 == 0 && bf16_exact(x, k);
     if (!q->bf16)
         return;
-    for (int c = 0; c < k / 32; c++)
-        for (int j = 0; j < 16; j++) {
-            uint32_t lo, hi;
-            memcpy(&lo, &x[32 * c + j], 4);
-            memcpy(&hi, &x[32 * c + 16 + j], 4);
-            q->xb[64 * c + j] = q->xb[64 * c + 16 + j] = (uint16_t)(lo >> 16);
-            q->xb[64 * c + 32 + j] = q->xb[64 * c + 48 + j] = (uint16_t)(hi >> 16);
-        }
+    for (int i = 0; i < k; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        q->xb[i] = (uint16_t)(u >> 16);
+    }
 }

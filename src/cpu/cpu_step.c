@@ -38,7 +38,7 @@ static void carve_xq(carver *c, cpu_xq *q, int k, int bf16)
     q->k = k;
     q->bf16 = 0;
     q->xd = carve(c, (size_t)k * 2 * sizeof(float));
-    q->xb = bf16 ? carve(c, (size_t)k * 2 * sizeof(uint16_t)) : NULL;
+    q->xb = bf16 ? carve(c, (size_t)k * sizeof(uint16_t)) : NULL;
 }
 
 /* Lays the scratch out (s == NULL: only measures). */
