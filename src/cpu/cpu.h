@@ -230,7 +230,7 @@ static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
 
 /* ---- cpu_isa.c ---- */
 /* The instruction set to use: HD_CPU_ISA if set, else the best the CPU
- * runs.  HD_ERR_BACKEND_UNAVAILABLE (with a message) if the variable asks
+ * runs (the order of cpu_isa.c).  HD_ERR_BACKEND_UNAVAILABLE (with a message) if the variable asks
  * for one the CPU or this build lacks, HD_ERR_INVALID_ARGUMENT if unknown. */
 hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size);
 const cpu_kernels *cpu_kernels_for(cpu_isa isa);

@@ -1,11 +1,12 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv (avx2 where this CPU, its OS and this build run it,
- * else avx512, else portable), or forced by HD_CPU_ISA=portable|avx2|
- * avx512|avx512bf16 (avx512bf16: the avx512 kernels, with the vdpbf16ps
- * GEMV where x is exactly bf16).  avx2 comes first: on the only AVX-512
- * machine measured (Zen 4, 512-bit operations in two halves) the avx512
- * kernels were no faster (docs/PERFORMANCE.md), so they are chosen by name
- * until a machine shows them ahead. */
+ * from cpuid/xgetbv (avx512bf16 where this CPU, its OS and this build run
+ * it, else avx2, else avx512, else portable), or forced by HD_CPU_ISA=
+ * portable|avx2|avx512|avx512bf16 (avx512bf16: the avx512 kernels, with
+ * the vdpbf16ps GEMV where x is exactly bf16).  avx512bf16 comes first: on
+ * Zen 4 its GEMV took 0.6-0.7 of the time of the others (docs/
+ * PERFORMANCE.md).  Then avx2: on the same machine the plain avx512
+ * kernels were no faster (512-bit operations in two halves), so they are
+ * chosen by name until a machine shows them ahead. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -67,9 +68,10 @@ hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
                        "avx512bf16",
                        env);
     }
-    *isa = isa_runs(CPU_ISA_AVX2)   ? CPU_ISA_AVX2
-         : isa_runs(CPU_ISA_AVX512) ? CPU_ISA_AVX512
-                                    : CPU_ISA_PORTABLE;
+    *isa = isa_runs(CPU_ISA_AVX512BF16) ? CPU_ISA_AVX512BF16
+         : isa_runs(CPU_ISA_AVX2)       ? CPU_ISA_AVX2
+         : isa_runs(CPU_ISA_AVX512)     ? CPU_ISA_AVX512
+                                        : CPU_ISA_PORTABLE;
     return HD_OK;
 }
 
