@@ -43,6 +43,7 @@ static hd_cpu_features detect(void)
         f.avx512vnni = zmm_ok && ((c >> 11) & 1);
         __cpuid_count(7, 1, a, b, c, d);
         f.avxvnni = ymm_ok && ((a >> 4) & 1);
+        f.avx512bf16 = zmm_ok && ((a >> 5) & 1);
     }
     return f;
 }
@@ -66,7 +67,7 @@ hd_cpu_features hd_cpu_detect(void)
         f = detect();
         bits = 0x80000000u | f.avx2 | f.fma << 1 | f.f16c << 2 |
                f.avx512f << 3 | f.avx512bw << 4 | f.avx512vl << 5 |
-               f.avx512vnni << 6 | f.avxvnni << 7;
+               f.avx512vnni << 6 | f.avxvnni << 7 | f.avx512bf16 << 8;
         __atomic_store_n(&cached, bits, __ATOMIC_RELEASE);
     }
     memset(&f, 0, sizeof f);
@@ -78,6 +79,7 @@ hd_cpu_features hd_cpu_detect(void)
     f.avx512vl = (bits >> 5) & 1;
     f.avx512vnni = (bits >> 6) & 1;
     f.avxvnni = (bits >> 7) & 1;
+    f.avx512bf16 = (bits >> 8) & 1;
     return f;
 }
 
@@ -85,9 +87,10 @@ const char *hd_cpu_describe(hd_cpu_features f, char *buf, unsigned size)
 {
     static const char *const names[] = { "avx2", "fma", "f16c", "avx512f",
                                          "avx512bw", "avx512vl", "avx512vnni",
-                                         "avxvnni" };
+                                         "avxvnni", "avx512bf16" };
     const int on[] = { f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw,
-                       f.avx512vl, f.avx512vnni, f.avxvnni };
+                       f.avx512vl, f.avx512vnni, f.avxvnni,
+                       f.avx512bf16 };
     size_t used = 0;
     if (!size)
         return buf;

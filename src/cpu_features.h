@@ -11,6 +11,7 @@ typedef struct hd_cpu_features {
     unsigned avx512vl : 1;
     unsigned avx512vnni : 1;
     unsigned avxvnni : 1;
+    unsigned avx512bf16 : 1; /* vdpbf16ps (AVX512_BF16), with the zmm state */
 } hd_cpu_features;
 
 /* The features of this CPU (all zero on other architectures).  Cached;

@@ -12,24 +12,31 @@
  * branch of the token split; golden B runs on one pair and golden A and
  * the E 64 configuration not at all (golden B is KKKM at E 64).
  * Exits 77 (skip) when the CPU backend is not part of the build. */
+#include "config.h"
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
+#ifdef HD_HAVE_CPU_BACKEND
+#include "cpu/cpu.h"
+#include "util.h"
+#endif
 
 #define TOL_OUT 1e-2
 #define TOL_S 1e-2
 #define TOL_CACHE 5e-3
 
-#define N_ISA 3
-static const char *const ISA[N_ISA] = { "portable", "avx2", "avx512" };
+#define N_ISA 4
+static const char *const ISA[N_ISA] = { "portable", "avx2", "avx512", "avx512bf16" };
 static int isa_ok[N_ISA];
 
 /* Sets of (path, threads) pairs, threads 1 or 2. */
 #define PAIR(isa, threads) (1u << ((isa) * 2 + (threads) - 1))
-#define ALL_PAIRS 0x3fu
-#define TWO_THREADS (PAIR(0, 2) | PAIR(1, 2) | PAIR(2, 2))
+#define ALL_PAIRS 0xffu
+#define TWO_THREADS (PAIR(0, 2) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 2))
 
 /* The size of one configuration: steps and pairs, full and small (no pair
  * at the small size: not run). */
@@ -216,14 +223,14 @@ END_TEST
 
 START_TEST(test_kkkm_e8_long)
 {
-    const cfg_size z = { 16, 1, PAIR(0, 2) | PAIR(1, 1) | PAIR(2, 1) };
+    const cfg_size z = { 16, 1, PAIR(0, 2) | PAIR(1, 1) | PAIR(2, 1) | PAIR(3, 2) };
     check_config(13, 8, "KKKM", 1000, z);
 }
 END_TEST
 
 START_TEST(test_mk_e16_short)
 {
-    const cfg_size z = { 4, 1, PAIR(0, 1) | PAIR(1, 2) | PAIR(2, 2) };
+    const cfg_size z = { 4, 1, PAIR(0, 1) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 1) };
     check_config(14, 16, "MKK", 5, z);
 }
 END_TEST
@@ -332,6 +339,171 @@ START_TEST(test_golden_b)
 }
 END_TEST
 
+#ifdef HD_HAVE_CPU_BACKEND
+/* ---- the vdpbf16ps GEMV (avx512bf16) against an exact sum ---- */
+static uint32_t lcg(uint32_t *r)
+{
+    *r = *r * 1664525u + 1013904223u;
+    return *r >> 8;
+}
+
+/* y = W x in double, W the exact weights bf((q - z) * s) of the raw
+ * matrix (SEMANTICS.md); also sum |w x| per column. */
+static void gemv_exact(const uint8_t *w_q, const uint16_t *sc, const uint16_t *ze,
+                       int K, int N, const float *x, double *y, double *mag)
+{
+    for (int n = 0; n < N; n++) {
+        double a = 0, m = 0;
+        for (int k = 0; k < K; k++) {
+            uint8_t b = w_q[(size_t)(k / 2) * N + n];
+            int q = (k & 1) ? b >> 4 : b & 15;
+            float s = hd_bf16_to_f32(sc[(size_t)(k / 128) * N + n]);
+            float z = hd_bf16_to_f32(ze[(size_t)(k / 128) * N + n]);
+            double p = (double)hd_bf(((float)q - z) * s) * x[k];
+            a += p;
+            m += fabs(p);
+        }
+        y[n] = a;
+        mag[n] = m;
+    }
+}
+
+/* Every output within 1e-5 of its sum of |w x| (fp32 accumulation of
+ * exact products; any lost bf16 rounding or rounded x would be ~1e-3, a
+ * subnormal weight flushed to zero would be ~1 in the tiny columns). */
+static void check_close(const float *y, const double *ref, const double *mag,
+                        int N, const char *what)
+{
+    for (int n = 0; n < N; n++)
+        ck_assert_msg(fabs((double)y[n] - ref[n]) <= 1e-5 * mag[n],
+                      "%s: column %d: %.9g vs %.9g (sum |w x| %.3g)", what, n,
+                      (double)y[n], ref[n], mag[n]);
+}
+
+/* The path choice of cpu_prepare_x and cpu_gemv_pairs: a bf16-exact x
+ * goes through x's bf16 words (the floats are poisoned to prove it) and
+ * matches the exact sum; an x that is not (one low bit set, a subnormal)
+ * or that has no bf16 words goes through the fp32 avx512 kernel, bit for
+ * bit (the bf16 words poisoned).  Odd pair counts and ranges cover the
+ * kernel's one-pair tail; the last shape has columns with scales near
+ * 2^-126 (subnormal weights: the kernel's fp32 tiles). */
+START_TEST(test_bf16_gemv)
+{
+    static const int shapes[][2] = { { 128, 2 }, { 512, 34 }, { 1024, 256 },
+                                     { 4096, 98 }, { 2304, 64 }, { 1024, 66 } };
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    const int isa = 3;
+    cpu_isa got;
+    char err[256];
+    if (!isa_ok[isa]) {
+        printf("bf16 gemv: SKIP (no %s path)\n", ISA[isa]);
+        return;
+    }
+    setenv("HD_CPU_ISA", ISA[isa], 1);
+    ck_assert_int_eq(cpu_choose_isa(&got, err, sizeof err), HD_OK);
+    unsetenv("HD_CPU_ISA");
+    ck_assert_int_eq(got, CPU_ISA_AVX512BF16);
+    const cpu_kernels *kb = cpu_kernels_for(got);
+    const cpu_kernels *k5 = cpu_kernels_for(CPU_ISA_AVX512);
+    ck_assert_str_eq(kb->name, "avx512bf16");
+    ck_assert_ptr_nonnull(kb->gemv_pairs_bf16);
+    ck_assert_ptr_null(k5->gemv_pairs_bf16);
+
+    for (size_t sh = 0; sh < n_shapes; sh++) {
+        const int K = shapes[sh][0], N = shapes[sh][1], P = N / 2;
+        uint32_t r = 99u + (uint32_t)sh;
+        uint8_t *w_q = tu_xmalloc((size_t)K / 2 * N);
+        uint16_t *sc = tu_xmalloc((size_t)K / 128 * N * 2);
+        uint16_t *ze = tu_xmalloc((size_t)K / 128 * N * 2);
+        float *x = tu_xmalloc((size_t)K * 4);
+        float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
+        double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), K, 0 };
+        cpu_qmat m;
+        char what[96];
+
+        for (size_t i = 0; i < (size_t)K / 2 * N; i++)
+            w_q[i] = (uint8_t)lcg(&r);
+        for (size_t i = 0; i < (size_t)K / 128 * N; i++) {
+            /* scales 2^-12 .. 2^-4, zeros 0 .. 15.5: ties in bf rounding */
+            sc[i] = (uint16_t)(((127 - 12 + (int)(lcg(&r) % 9)) << 7) | (lcg(&r) & 127));
+            ze[i] = hd_f32_to_bf16(0.5f * (float)(lcg(&r) % 32));
+            if (sh == n_shapes - 1 && i % N % 3 == 0)   /* 2^-126 .. 2^-124 */
+                sc[i] = (uint16_t)((1 + (int)(lcg(&r) % 3)) << 7 | (lcg(&r) & 127));
+        }
+        for (int k = 0; k < K; k++)     /* bf16, signed, 2^-8 .. 2^4 */
+            x[k] = hd_bf(((float)(lcg(&r) % 65536) / 32768.0f - 1.0f) *
+                         ldexpf(1.0f, (int)(lcg(&r) % 13) - 8));
+        x[1] = 0.0f;
+        x[2] = -0.0f;
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
+        cpu_repack_raw(&m, 0, w_q, sc, ze);
+
+        /* bf16-exact: the bf16 words, all pairs and an odd range */
+        gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
+        cpu_prepare_x(x, K, &xq);
+        ck_assert_int_eq(xq.bf16, 1);
+        for (int i = 0; i < 2 * K; i++)
+            xq.xd[i] = NAN;
+        memset(y, 0, (size_t)N * 4);
+        cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, &xq, y);
+        snprintf(what, sizeof what, "bf16 x, K %d N %d", K, N);
+        check_close(y, ref, mag, N, what);
+        if (P >= 3) {
+            memset(y, 0, (size_t)N * 4);
+            cpu_gemv_pairs(kb, m.tiles, 1, P - 1, m.groups, &xq, y);
+            ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
+            check_close(y + 2, ref + 2, mag + 2, N - 4, what);
+        }
+
+        /* not bf16 (one fp32 ulp on one x; then a subnormal): the fp32
+         * kernel, the same bits as avx512's */
+        for (int v = 0; v < 2; v++) {
+            float *xv = tu_xmalloc((size_t)K * 4);
+            memcpy(xv, x, (size_t)K * 4);
+            if (v == 0)
+                xv[K / 3] = nextafterf(xv[K / 3] == 0.0f ? 1.0f : xv[K / 3], INFINITY);
+            else
+                xv[K - 1] = hd_bf16_to_f32(0x0005);   /* bf16 subnormal */
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            cpu_prepare_x(xv, K, &xq);
+            ck_assert_int_eq(xq.bf16, 0);
+            for (int i = 0; i < K; i++)
+                xq.xb[i] = 0x7fc0;              /* NaN */
+            cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, &xq, y);
+            k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
+            ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
+                          "non-bf16 x (%d), K %d N %d: not the avx512 kernel", v, K, N);
+            snprintf(what, sizeof what, "non-bf16 x (%d), K %d N %d", v, K, N);
+            check_close(y, ref, mag, N, what);
+            free(xv);
+        }
+
+        /* no bf16 words: never the bf16 path */
+        {
+            uint16_t *xb = xq.xb;
+            xq.xb = NULL;
+            cpu_prepare_x(x, K, &xq);
+            ck_assert_int_eq(xq.bf16, 0);
+            xq.xb = xb;
+        }
+        printf("bf16 gemv K %d N %d: ok\n", K, N);
+        cpu_qmat_free(&m);
+        free(w_q);
+        free(sc);
+        free(ze);
+        free(x);
+        free(y);
+        free(y5);
+        free(ref);
+        free(mag);
+        free(xq.xd);
+        free(xq.xb);
+    }
+}
+END_TEST
+#endif
+
 /* A forced ISA the CPU lacks fails model creation; auto avoids nothing. */
 START_TEST(test_isa_choice)
 {
@@ -395,6 +567,9 @@ int main(void)
     TCase *tc = tcase_create("cpu_vs_ref");
     tcase_set_timeout(tc, TU_TIMEOUT);
     tcase_add_test(tc, test_isa_choice);
+#ifdef HD_HAVE_CPU_BACKEND
+    tcase_add_test(tc, test_bf16_gemv);
+#endif
     tcase_add_test(tc, test_golden_a);
     tcase_add_test(tc, test_golden_b);
     tcase_add_test(tc, test_contexts);

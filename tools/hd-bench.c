@@ -305,7 +305,10 @@ static int run_gemv(const bench_config *c)
         uint16_t *sc = malloc((size_t)K / 128 * (size_t)N * 2);
         uint16_t *ze = malloc((size_t)K / 128 * (size_t)N * 2);
         float *x = malloc((size_t)K * sizeof(float)), *y = malloc((size_t)N * sizeof(float));
-        cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)), K };
+        /* x's bf16 words too: x is exactly bf16 (below), as a step's
+         * normed inputs are, so kernels with a bf16 GEMV use it */
+        cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
+                      malloc((size_t)K * sizeof(uint16_t)), K, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;
@@ -314,7 +317,7 @@ static int run_gemv(const bench_config *c)
         uint64_t sink = 0;
         int *ctr;
 
-        if (!w_q || !sc || !ze || !x || !y || !xq.xd ||
+        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb ||
             cpu_qmat_alloc(&proto, K, N, 1) != HD_OK) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;
@@ -409,6 +412,7 @@ static int run_gemv(const bench_config *c)
         free(x);
         free(y);
         free(xq.xd);
+        free(xq.xb);
     }
     {
         double bw1 = 0;

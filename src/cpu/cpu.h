@@ -1,7 +1,8 @@
 /* cpu.h - the CPU backend: OpenMP threads, int4 weights repacked at load
  * time, and one kernel table per instruction set (portable C, AVX2/FMA,
- * AVX-512 F/BW/VL) chosen once per model from cpuid/xgetbv
- * (HD_CPU_ISA=portable|avx2|avx512 forces one).
+ * AVX-512 F/BW/VL, and the same with AVX512_BF16) chosen once per model
+ * from cpuid/xgetbv (HD_CPU_ISA=portable|avx2|avx512|avx512bf16 forces
+ * one).
  *
  * Numbers.  Every weight is dequantized exactly as SEMANTICS.md says,
  * w = bf((q - z) * s), and multiplied by the fp32 activation: skipping the
@@ -40,7 +41,8 @@
 typedef enum cpu_isa {
     CPU_ISA_PORTABLE = 0,
     CPU_ISA_AVX2 = 1,
-    CPU_ISA_AVX512 = 2
+    CPU_ISA_AVX512 = 2,
+    CPU_ISA_AVX512BF16 = 3
 } cpu_isa;
 
 /* A repacked matrix, or a bank of `count` matrices of the same shape. */
@@ -53,10 +55,19 @@ typedef struct cpu_qmat {
 /* An activation vector of k values in the layout the kernels multiply
  * with: per 8 inputs the even ones twice, then the odd ones twice
  * ([x0 x2 x4 x6 x0 x2 x4 x6 x1 x3 x5 x7 x1 x3 x5 x7], one copy per 128-bit
- * lane; the AVX2 kernel widens even and odd bf16 weights separately). */
+ * lane; the AVX2 kernel widens even and odd bf16 weights separately).
+ *
+ * When every x is exactly a bf16 (the RMSNorm outputs, the attention
+ * outputs: vectors the step rounds to bf16 anyway) and normal or zero,
+ * also as bf16 words for vdpbf16ps, whose products of two bf16 are exact
+ * in fp32: so x is not rounded.  In x's own order (the kernel reads the
+ * nibble bytes in theirs).  xb may be NULL (never used); bf16 says whether
+ * it holds x. */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
+    uint16_t *xb;                   /* [k] or NULL */
     int k;
+    int bf16;                       /* xb holds x (cpu_prepare_x) */
 } cpu_xq;
 
 /* One matrix-vector product of a multi-product call: y[yoff + n] = the
@@ -74,6 +85,10 @@ typedef struct cpu_kernels {
     /* y[2p], y[2p + 1] = columns of pairs [p0, p1) times x. */
     void (*gemv_pairs)(const uint8_t *tiles, int p0, int p1, int groups,
                        const float *xd, float *y);
+    /* The same from x's bf16 words (cpu_xq.xb); NULL where the instruction
+     * set has no such kernel.  Call both through cpu_gemv_pairs. */
+    void (*gemv_pairs_bf16)(const uint8_t *tiles, int p0, int p1, int groups,
+                            const uint16_t *xb, float *y);
     /* dst[i] = exp(src[i]) (SLEEF 1-ulp where built with it); in place ok. */
     void (*vexp)(float *dst, const float *src, int n);
     /* sin and cos of n angles (accurate range reduction). */
@@ -100,6 +115,24 @@ extern const cpu_kernels cpu_kernels_avx2;
 #ifdef HD_CPU_HAVE_AVX512
 extern const cpu_kernels cpu_kernels_avx512;
 #endif
+#ifdef HD_CPU_HAVE_AVX512BF16
+extern const cpu_kernels cpu_kernels_avx512bf16;
+/* cpu_kern_avx512bf16.c (built with -mavx512bf16). */
+void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
+                               int groups, const uint16_t *xb, float *y);
+#endif
+
+/* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
+ * have a kernel for them and x is bf16-exact, else from its floats. */
+static inline void cpu_gemv_pairs(const cpu_kernels *kern,
+                                  const uint8_t *tiles, int p0, int p1,
+                                  int groups, const cpu_xq *x, float *y)
+{
+    if (kern->gemv_pairs_bf16 && x->bf16)
+        kern->gemv_pairs_bf16(tiles, p0, p1, groups, x->xb, y);
+    else
+        kern->gemv_pairs(tiles, p0, p1, groups, x->xd, y);
+}
 
 #define CPU_MLA_CHUNK 32            /* tokens per softmax chunk            */
 /* Floats of mla_range's work memory. */
@@ -159,7 +192,10 @@ static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
 }
 
 /* ---- cpu_quant.c ---- */
-/* Lays x out for the kernels (k a multiple of 4). */
+/* Lays x out for the kernels (k a multiple of 8); also as bf16 words (and
+ * q->bf16 = 1) when q->xb is not NULL, k is a multiple of 32 and every
+ * x[i] is a bf16 value that is normal or zero (vdpbf16ps treats subnormal
+ * inputs as zero). */
 void cpu_prepare_x(const float *x, int k, cpu_xq *q);
 
 /* ---- cpu_gemv.c ---- */
@@ -194,7 +230,7 @@ static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
 
 /* ---- cpu_isa.c ---- */
 /* The instruction set to use: HD_CPU_ISA if set, else the best the CPU
- * runs.  HD_ERR_BACKEND_UNAVAILABLE (with a message) if the variable asks
+ * runs (the order of cpu_isa.c).  HD_ERR_BACKEND_UNAVAILABLE (with a message) if the variable asks
  * for one the CPU or this build lacks, HD_ERR_INVALID_ARGUMENT if unknown. */
 hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size);
 const cpu_kernels *cpu_kernels_for(cpu_isa isa);

@@ -103,8 +103,8 @@ static void run_range(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
             p1 = hi;
         p0 -= at - (size_t)jobs[j].pairs;
         p1 -= at - (size_t)jobs[j].pairs;
-        kern->gemv_pairs(jobs[j].tiles, (int)p0, (int)p1, jobs[j].groups,
-                         jobs[j].x->xd, y + jobs[j].yoff);
+        cpu_gemv_pairs(kern, jobs[j].tiles, (int)p0, (int)p1, jobs[j].groups,
+                       jobs[j].x, y + jobs[j].yoff);
     }
 }
 

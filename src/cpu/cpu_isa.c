@@ -1,10 +1,12 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv (avx2 where this CPU, its OS and this build run it,
- * else avx512, else portable), or forced by HD_CPU_ISA=portable|avx2|
- * avx512.  avx2 comes first: on the only AVX-512 machine measured (Zen 4,
- * 512-bit operations in two halves) the avx512 kernels were no faster
- * (docs/PERFORMANCE.md), so they are chosen by name until a machine shows
- * them ahead. */
+ * from cpuid/xgetbv (avx512bf16 where this CPU, its OS and this build run
+ * it, else avx2, else avx512, else portable), or forced by HD_CPU_ISA=
+ * portable|avx2|avx512|avx512bf16 (avx512bf16: the avx512 kernels, with
+ * the vdpbf16ps GEMV where x is exactly bf16).  avx512bf16 comes first: on
+ * Zen 4 its GEMV took 0.6-0.7 of the time of the others (docs/
+ * PERFORMANCE.md).  Then avx2: on the same machine the plain avx512
+ * kernels were no faster (512-bit operations in two halves), so they are
+ * chosen by name until a machine shows them ahead. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -36,16 +38,22 @@ static int isa_runs(cpu_isa isa)
 #else
         return 0;
 #endif
+    case CPU_ISA_AVX512BF16:
+#ifdef HD_CPU_HAVE_AVX512BF16
+        return isa_runs(CPU_ISA_AVX512) && f.avx512bf16;
+#else
+        return 0;
+#endif
     }
     return 0;
 }
 
 hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
 {
-    static const char *const names[] = { "portable", "avx2", "avx512" };
+    static const char *const names[] = { "portable", "avx2", "avx512", "avx512bf16" };
     const char *env = getenv("HD_CPU_ISA");
     if (env && *env) {
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             if (strcmp(env, names[i]) != 0)
                 continue;
             if (!isa_runs((cpu_isa)i))
@@ -56,18 +64,24 @@ hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
             return HD_OK;
         }
         return hd_fail(err, err_size, HD_ERR_BACKEND_UNAVAILABLE,
-                       "HD_CPU_ISA=\"%.32s\" is not one of portable, avx2, avx512",
+                       "HD_CPU_ISA=\"%.32s\" is not one of portable, avx2, avx512, "
+                       "avx512bf16",
                        env);
     }
-    *isa = isa_runs(CPU_ISA_AVX2)   ? CPU_ISA_AVX2
-         : isa_runs(CPU_ISA_AVX512) ? CPU_ISA_AVX512
-                                    : CPU_ISA_PORTABLE;
+    *isa = isa_runs(CPU_ISA_AVX512BF16) ? CPU_ISA_AVX512BF16
+         : isa_runs(CPU_ISA_AVX2)       ? CPU_ISA_AVX2
+         : isa_runs(CPU_ISA_AVX512)     ? CPU_ISA_AVX512
+                                        : CPU_ISA_PORTABLE;
     return HD_OK;
 }
 
 const cpu_kernels *cpu_kernels_for(cpu_isa isa)
 {
     switch (isa) {
+#ifdef HD_CPU_HAVE_AVX512BF16
+    case CPU_ISA_AVX512BF16:
+        return &cpu_kernels_avx512bf16;
+#endif
 #ifdef HD_CPU_HAVE_AVX512
     case CPU_ISA_AVX512:
         return &cpu_kernels_avx512;

@@ -32,10 +32,13 @@ static void *carve(carver *c, size_t bytes)
     return r;
 }
 
-static void carve_xq(carver *c, cpu_xq *q, int k)
+/* bf16: also x's bf16 words (kernels with a gemv_pairs_bf16). */
+static void carve_xq(carver *c, cpu_xq *q, int k, int bf16)
 {
     q->k = k;
+    q->bf16 = 0;
     q->xd = carve(c, (size_t)k * 2 * sizeof(float));
+    q->xb = bf16 ? carve(c, (size_t)k * sizeof(uint16_t)) : NULL;
 }
 
 /* Lays the scratch out (s == NULL: only measures). */
@@ -45,11 +48,12 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     carver c = { base, 0 };
     cpu_scratch dummy;
     const int T = cm->threads;
+    const int xb = cm->kern->gemv_pairs_bf16 != NULL;
     if (!s)
         s = &dummy;
     carve(&c, sizeof(cpu_scratch));
     for (int i = 0; i < HD_MLA_HEADS; i++)
-        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA);
+        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, xb);
     s->logits = carve(&c, (size_t)experts * sizeof(float));
     s->mla_ml = carve(&c, (size_t)T * 2 * HD_MLA_HEADS * sizeof(float));
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
@@ -64,9 +68,9 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
         th->x = carve(&c, HD_HIDDEN * sizeof(float));
         th->a = carve(&c, CPU_A * sizeof(float));
         th->qrope = carve(&c, HD_MLA_HEADS * HD_MLA_QK_ROPE * sizeof(float));
-        carve_xq(&c, &th->xq, CPU_A);
+        carve_xq(&c, &th->xq, CPU_A, xb);
         for (int j = 0; j < CPU_NX; j++)
-            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER);
+            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, xb);
     }
     s->threads = T;
     return c.used;

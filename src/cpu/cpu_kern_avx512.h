@@ -1,0 +1,46 @@
+/* cpu_kern_avx512.h - what the AVX-512 kernels (cpu_kern_avx512.c) and the
+ * AVX512_BF16 kernel (cpu_kern_avx512bf16.c) share: a tile's table of exact
+ * bf16 weights.  Include only where AVX-512 F/BW is enabled. */
+#ifndef HD_CPU_KERN_AVX512_H
+#define HD_CPU_KERN_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* (v - z) * s rounded to bf16, in the high half of each dword: u + 0x8000,
+ * less one on an exact tie whose bit 16 is clear (round to nearest even,
+ * as tile_tables of cpu_kern_avx2.c). */
+static inline __m512i round_bf16_hi(__m512 v, __m512 zv, __m512 sv)
+{
+    const __m512i half = _mm512_set1_epi32(0x8000), m17 = _mm512_set1_epi32(0x1ffff);
+    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_sub_ps(v, zv), sv));
+    __mmask16 tie = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, m17), half);
+    __m512i r = _mm512_add_epi32(u, half);
+    return _mm512_mask_sub_epi32(r, tie, r, _mm512_set1_epi32(1));
+}
+
+/* The 32-word table of a tile: words 0..15 bf((v - zA) * sA), words 16..31
+ * bf((v - zB) * sB), v = 0..15 (fp32 sub, fp32 mul, nearest even). */
+static inline __m512i tile_table(const uint8_t *t)
+{
+    const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                    12, 13, 14, 15);
+    /* the high words of the 16 dwords of a, then of b */
+    const __m512i hi = _mm512_set_epi16(
+        63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    uint32_t s2, z2;
+    __m512i a, b;
+    memcpy(&s2, t + CPU_TILE_W, 4);         /* scale A, scale B */
+    memcpy(&z2, t + CPU_TILE_W + 4, 4);     /* zero A, zero B */
+    a = round_bf16_hi(v, _mm512_castsi512_ps(_mm512_set1_epi32((int)(z2 << 16))),
+                      _mm512_castsi512_ps(_mm512_set1_epi32((int)(s2 << 16))));
+    b = round_bf16_hi(v, _mm512_castsi512_ps(_mm512_set1_epi32((int)(z2 & 0xffff0000u))),
+                      _mm512_castsi512_ps(_mm512_set1_epi32((int)(s2 & 0xffff0000u))));
+    return _mm512_permutex2var_epi16(a, hi, b);
+}
+
+#endif /* HD_CPU_KERN_AVX512_H */

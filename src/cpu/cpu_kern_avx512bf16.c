@@ -1,0 +1,202 @@
+/* cpu_kern_avx512bf16.c - the int4 GEMV with AVX512_BF16 (vdpbf16ps), for
+ * an x that is exactly bf16 (cpu_xq.bf16); built with -mavx512bf16 on top
+ * of the AVX-512 flags into its own convenience library, called only
+ * after cpuid/xgetbv said the CPU has AVX512_BF16 (cpu_isa.c).
+ *
+ * Why it is exact.  vpermw looks the nibbles up in the tile's table of
+ * exact bf16 weights bf((v - z) * s), as in cpu_kern_avx512.c; those words
+ * are already bf16, and so is x: vdpbf16ps multiplies pairs of them (a
+ * product of two 8-bit significands fits fp32's 24 bits: exact) and adds
+ * the two products to an fp32 lane.  Only the summation order differs from
+ * the fp32 FMA kernel.  vdpbf16ps treats subnormal inputs as zero and
+ * flushes subnormal results: so an x with a subnormal stays on the fp32
+ * kernel (cpu_prepare_x), a tile whose weights could be subnormal goes
+ * through fp32 FMAs (table_normal, tile_ymm_fp32), and what is left is a
+ * product or partial sum below 2^-126 in magnitude flushed to zero (an
+ * absolute error below 1.2e-38 each: nothing a normed x and real scales
+ * produce).
+ *
+ * Why it is faster.  Per 64 weights the fp32 kernel spends ~15 zmm
+ * instructions, 6 of them widening bf16 to fp32 (shift, mask) and 4 FMAs;
+ * here the looked-up words go straight into 2 vdpbf16ps (two products per
+ * lane), and a column's 16 bytes of a chunk, widened, are the inputs in
+ * order (low nibbles, then high), so x's bf16 words are read as they are
+ * and the vpermw that put the nibbles in x's order goes too.  That made
+ * the tile's table (once per 256 weights) half of the time, so the table
+ * is built with vcvtne2ps2bf16 (tile_table_bf16).  Zen 4 runs zmm
+ * instructions as two 256-bit halves: the ymm form below (one column per
+ * ymm) needs no column bit in the indices. */
+#include "config.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "cpu_kern_avx512.h"
+
+/* Prefetch distances: those of the fp32 kernels (cpu_kern_avx2.c). */
+#define PF_AHEAD 4096
+#define PF_BYTES 1024
+
+/* The tile's table (tile_table's words) with vcvtne2ps2bf16, which rounds
+ * fp32 to bf16 to nearest even in one instruction, as hd_f32_to_bf16 does
+ * (NaN quieted alike), but flushes a subnormal fp32 value to zero; so it
+ * is used only where no (v - z) * s can be subnormal, which the exponents
+ * show (integer work on the otherwise idle scalar ALUs): a nonzero
+ * fl(v - z), v = 0..15, is at least min(1, ulp(z)) >= 2^(ez - 7) (v = 0
+ * gives |z| > ulp(z)), so |(v - z) s| >= 2^-126 when es - 127 +
+ * min(ez - 134, 0) >= -126, es and ez the biased exponents (a subnormal
+ * or zero scale fails: tile_table then).  The building of this table was
+ * half of the kernel's time; tile_table spends ~17 instructions, four of
+ * them moves from general registers, on what here is ~9. */
+static inline int table_normal(uint16_t s, uint16_t z)
+{
+    const int es = (s >> 7) & 0xff, ez = (z >> 7) & 0xff;
+    const int dz = (z & 0x7fff) == 0 ? 0 : (ez - 134 < 0 ? ez - 134 : 0);
+    return es + dz >= 1;
+}
+
+static inline __m512i tile_table_bf16(const uint8_t *t)
+{
+    const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                    12, 13, 14, 15);
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    int32_t s2, z2;
+    memcpy(&s2, t + CPU_TILE_W, 4);
+    memcpy(&z2, t + CPU_TILE_W + 4, 4);
+    const __m512i S = _mm512_set1_epi32(s2), Z = _mm512_set1_epi32(z2);
+    __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(Z, 16))),
+                             _mm512_castsi512_ps(_mm512_slli_epi32(S, 16)));
+    __m512 b = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_and_si512(Z, hm))),
+                             _mm512_castsi512_ps(_mm512_and_si512(S, hm)));
+    /* words 0..15 from the second operand */
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+/* sum += w x over a ymm of weight words and 16 words of x: fp32 FMAs on
+ * the even and the odd words widened, the products' pairs in the dwords
+ * where vdpbf16ps puts them. */
+static inline __m256 fma8(__m256 acc, __m256i w, const uint16_t *x)
+{
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i xv = _mm256_loadu_si256((const void *)x);
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w, hm)),
+                           _mm256_castsi256_ps(_mm256_and_si256(xv, hm)), acc);
+}
+
+/* tile_ymm for a tile whose weights may be subnormal (table_normal):
+ * tile_table's exact rounding and fp32 FMAs, which keep subnormals. */
+static inline void tile_ymm_fp32(const uint8_t *t, const uint16_t *xg,
+                          __m256 *al, __m256 *ah, __m256 *bl, __m256 *bh)
+{
+    const __m512i T = tile_table(t);
+    const __m256i TA = _mm512_castsi512_si256(T);
+    const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *c = t + 32 * i;
+        const uint16_t *xc = xg + 32 * i;
+        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
+        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
+        *al = fma8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
+        *ah = fma8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
+        *bl = fma8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
+        *bh = fma8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
+    }
+}
+
+static inline __m256 dp8(__m256 acc, __m256i w, const uint16_t *x)
+{
+    return _mm256_dpbf16_ps(acc, (__m256bh)w,
+                            (__m256bh)_mm256_loadu_si256((const void *)x));
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One tile (2 columns x 128 inputs) onto the accumulators of its columns:
+ * per 32-byte chunk, each column's 16 bytes widened to words (byte b: the
+ * inputs 32i + b, low nibble, and 32i + 16 + b, high nibble); vpermw on a
+ * ymm reads only the low 4 bits of an index, so the widened bytes index
+ * the column's 16-entry table as they are, and shifted right by 4 they
+ * index the high nibbles: the inputs 32i .. 32i + 15 and the next 16,
+ * x's words at 32i and 32i + 16.  The
+ * ymm form: per 64 weights 12 ymm instructions (2 widenings, 2 shifts, 4
+ * vpermw, 4 vdpbf16ps); the zmm form (both columns in one zmm, a column
+ * bit merged into the indices: 8 zmm, i.e. 16 halves on Zen 4) measured
+ * the same within the noise of this shared machine. */
+static inline __attribute__((always_inline)) void
+tile_ymm(const uint8_t *t, const uint16_t *xg, __m256 *al, __m256 *ah,
+         __m256 *bl, __m256 *bh)
+{
+    uint16_t sz[4];                         /* scale A, B, zero A, B */
+    memcpy(sz, t + CPU_TILE_W, 8);
+    if (__builtin_expect(!(table_normal(sz[0], sz[2]) & table_normal(sz[1], sz[3])), 0)) {
+        tile_ymm_fp32(t, xg, al, ah, bl, bh);
+        return;
+    }
+    const __m512i T = tile_table_bf16(t);
+    const __m256i TA = _mm512_castsi512_si256(T);
+    const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *c = t + 32 * i;
+        const uint16_t *xc = xg + 32 * i;
+        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
+        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
+        *al = dp8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
+        *ah = dp8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
+        *bl = dp8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
+        *bh = dp8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
+    }
+}
+
+/* Columns of pairs [p0, p1) times x's bf16 words, two pairs per pass. */
+void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
+                               int groups, const uint16_t *xb, float *y)
+{
+    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
+    int p = p0;
+    for (; p + 2 <= p1; p += 2) {
+        const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
+        const char *pf = (const char *)ta + PF_AHEAD;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+        __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            const uint16_t *xg = xb + (size_t)g * CPU_GROUP;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 192, _MM_HINT_T0);
+            _mm_prefetch(pf + 256, _MM_HINT_T0);
+            pf += 2 * CPU_TILE_BYTES;
+            tile_ymm(ta + (size_t)g * CPU_TILE_BYTES, xg, &a0, &a1, &a2, &a3);
+            tile_ymm(tb + (size_t)g * CPU_TILE_BYTES, xg, &b0, &b1, &b2, &b3);
+        }
+        y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
+        y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
+        y[2 * p + 2] = hsum8(_mm256_add_ps(b0, b1));
+        y[2 * p + 3] = hsum8(_mm256_add_ps(b2, b3));
+    }
+    if (p < p1) {
+        const uint8_t *ta = tiles + (size_t)p * ps;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
+            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+            tile_ymm(t, xb + (size_t)g * CPU_GROUP, &a0, &a1, &a2, &a3);
+        }
+        y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
+        y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
+    }
+}
