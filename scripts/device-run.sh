@@ -23,7 +23,8 @@ note() { echo "$*" | tee -a "$summary"; }
 deps=/tmp/deps
 if [ ! -d $deps/usr ]; then
     for f in "$here"/debs/*.deb; do dpkg -x "$f" $deps; done
-    sed -i "s|^prefix=/usr|prefix=$deps/usr|" $deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+    sed -i -e "s|^prefix=/usr|prefix=$deps/usr|" -e "s|^libdir=/usr|libdir=$deps/usr|" \
+        -e "s|^includedir=/usr|includedir=$deps/usr|" $deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
 fi
 export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -41,7 +42,7 @@ if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     rm -rf /tmp/hd-src && mkdir -p /tmp/hd-src && tar xzf "$here"/hybrid-decode-*.tar.gz -C /tmp/hd-src
     srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
     mkdir -p $b && cd $b
-    "$srcdir"/configure CPPFLAGS="-I$deps/usr/include" LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" \
+    "$srcdir"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" \
         >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
     grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
     make -j16 >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

@@ -188,7 +188,7 @@ __device__ __forceinline__ uint2 lds64(uint32_t a)
  * Thread 0 streams the task's blocks (weights and constants of one 16-column
  * block each) into the ring with bulk copies, as many ahead as the ring
  * holds, so that the whole ring is in flight from DRAM; a slot is refilled
- * once every warp has arrived on its "empty" barrier.  The warps read their
+ * once every thread has arrived on its "empty" barrier.  The warps read their
  * units from shared memory.  One compact loop (the megakernel runs its code
  * once a step: code size is time).  Every thread of the CTA must call;
  * ends with __syncthreads. */
@@ -236,7 +236,7 @@ __device__ __forceinline__ void gemv_setup(const MatTile *m, int nm, int NB, int
     if (threadIdx.x == 0) {
         for (int i = 0; i < ns; i++) {
             mbar_init(full + i * 8, 1);
-            mbar_init(empty + i * 8, HDC_WARPS);
+            mbar_init(empty + i * 8, HDC_THREADS);
         }
         /* the initialized barriers, and bytes other phases wrote with
          * ordinary stores, before the async proxy's writes */
@@ -266,7 +266,7 @@ __device__ __forceinline__ void gemv_setup(const MatTile *m, int nm, int NB, int
  * Thread 0 streams the task's blocks (weights and constants of one 16-column
  * block each) into the ring with bulk copies, as many ahead as the ring
  * holds, so that the whole ring is in flight from DRAM; a slot is refilled
- * once every warp has arrived on its "empty" barrier.  The warps read their
+ * once every thread has arrived on its "empty" barrier.  The warps read their
  * units from shared memory.  One compact loop (the megakernel runs its code
  * once a step: code size is time).  Every thread of the CTA must call;
  * ends with __syncthreads. */
@@ -303,6 +303,9 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             /* refill the slot of the previous block once every warp is done */
             if (threadIdx.x == 0 && jb >= 1 && jb - 1 + ns < NJB) {
                 mbar_wait(empty + pslot * 8, pph);
+                /* the consumers' ld.shared (released by their arrivals,
+                 * acquired by the wait) before the async proxy's writes */
+                asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
                 gtr_mark(0, jb - 1 + ns);
                 ring_issue(tl[pj], (tl[pj].n0 >> 4) + pb, KU, ring + pslot * slot_bytes,
                            full + pslot * 8, pol);
@@ -337,8 +340,9 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             __syncwarp();
             if (lane == 0 && w == 15)
                 gtr_mark(3, jb);
-            if (lane == 0)
-                mbar_arrive(empty + sl * 8);
+            /* every thread releases its own reads of the slot (an arrival
+             * orders only the arriving thread's accesses) */
+            mbar_arrive(empty + sl * 8);
             if (++sl == ns) {
                 sl = 0;
                 ph ^= 1u;
