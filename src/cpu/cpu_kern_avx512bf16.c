@@ -87,26 +87,6 @@ static inline __m256 fma8(__m256 acc, __m256i w, const uint16_t *x)
                            _mm256_castsi256_ps(_mm256_and_si256(xv, hm)), acc);
 }
 
-/* tile_ymm for a tile whose weights may be subnormal (table_normal):
- * tile_table's exact rounding and fp32 FMAs, which keep subnormals. */
-static inline void tile_ymm_fp32(const uint8_t *t, const uint16_t *xg,
-                          __m256 *al, __m256 *ah, __m256 *bl, __m256 *bh)
-{
-    const __m512i T = tile_table(t);
-    const __m256i TA = _mm512_castsi512_si256(T);
-    const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *c = t + 32 * i;
-        const uint16_t *xc = xg + 32 * i;
-        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
-        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
-        *al = fma8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
-        *ah = fma8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
-        *bl = fma8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
-        *bh = fma8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
-    }
-}
-
 static inline __m256 dp8(__m256 acc, __m256i w, const uint16_t *x)
 {
     return _mm256_dpbf16_ps(acc, (__m256bh)w,
@@ -119,6 +99,37 @@ static inline float hsum8(__m256 v)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* The four 32-byte chunks of a tile looked up in the columns' tables TA,
+ * TB and multiplied with x: by vdpbf16ps on x's bf16 words (dot), or by
+ * fp32 FMAs (fma8), which keep subnormal weights.  dot is a constant at
+ * every call, so each caller gets one straight loop. */
+static inline __attribute__((always_inline)) void
+tile_chunks(const uint8_t *t, const uint16_t *xg, __m256i TA, __m256i TB, int dot,
+            __m256 *al, __m256 *ah, __m256 *bl, __m256 *bh)
+{
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *c = t + 32 * i;
+        const uint16_t *xc = xg + 32 * i;
+        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
+        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
+        __m256i wal = _mm256_permutexvar_epi16(pa, TA);
+        __m256i wah = _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA);
+        __m256i wbl = _mm256_permutexvar_epi16(pb, TB);
+        __m256i wbh = _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB);
+        if (dot) {
+            *al = dp8(*al, wal, xc);
+            *ah = dp8(*ah, wah, xc + 16);
+            *bl = dp8(*bl, wbl, xc);
+            *bh = dp8(*bh, wbh, xc + 16);
+        } else {
+            *al = fma8(*al, wal, xc);
+            *ah = fma8(*ah, wah, xc + 16);
+            *bl = fma8(*bl, wbl, xc);
+            *bh = fma8(*bh, wbh, xc + 16);
+        }
+    }
 }
 
 /* One tile (2 columns x 128 inputs) onto the accumulators of its columns:
@@ -138,23 +149,17 @@ tile_ymm(const uint8_t *t, const uint16_t *xg, __m256 *al, __m256 *ah,
 {
     uint16_t sz[4];                         /* scale A, B, zero A, B */
     memcpy(sz, t + CPU_TILE_W, 8);
+    /* a tile whose weights may be subnormal (table_normal): tile_table's
+     * exact rounding and fp32 FMAs */
     if (__builtin_expect(!(table_normal(sz[0], sz[2]) & table_normal(sz[1], sz[3])), 0)) {
-        tile_ymm_fp32(t, xg, al, ah, bl, bh);
+        const __m512i T = tile_table(t);
+        tile_chunks(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1), 0,
+                    al, ah, bl, bh);
         return;
     }
     const __m512i T = tile_table_bf16(t);
-    const __m256i TA = _mm512_castsi512_si256(T);
-    const __m256i TB = _mm512_extracti64x4_epi64(T, 1);
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *c = t + 32 * i;
-        const uint16_t *xc = xg + 32 * i;
-        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
-        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
-        *al = dp8(*al, _mm256_permutexvar_epi16(pa, TA), xc);
-        *ah = dp8(*ah, _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA), xc + 16);
-        *bl = dp8(*bl, _mm256_permutexvar_epi16(pb, TB), xc);
-        *bh = dp8(*bh, _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB), xc + 16);
-    }
+    tile_chunks(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1), 1,
+                al, ah, bl, bh);
 }
 
 /* Columns of pairs [p0, p1) times x's bf16 words, two pairs per pass. */

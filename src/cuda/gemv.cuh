@@ -24,8 +24,6 @@ struct MatTile {
     int N, n0;
     const uint2 *xb; /* x as B fragments (xs_finish), in shared memory */
     int xl;          /* lanes that hold parts of x: 4 (bf16 x) or 12 */
-    int kus;         /* units (64 rows) of a column block in memory: the
-                      * map's K / 64; a tile may cover only a row range */
 };
 
 /* Two weights from the nibbles at bits 0-3 and 16-19 of v:
@@ -162,8 +160,8 @@ __device__ __forceinline__ void ring_issue(const MatTile &t, int nb, int KU, uin
 {
     const uint32_t wb = (uint32_t)KU * 512u, zb = (uint32_t)(KU / 2) * 128u;
     mbar_expect_tx(bar, wb + zb);
-    bulk_g2s(slot, t.w + (size_t)nb * t.kus * 32, wb, bar, pol);
-    bulk_g2s(slot + wb, t.sz + (size_t)nb * (t.kus / 2) * 16, zb, bar, pol);
+    bulk_g2s(slot, t.w + (size_t)nb * KU * 32, wb, bar, pol);
+    bulk_g2s(slot + wb, t.sz + (size_t)nb * (KU / 2) * 16, zb, bar, pol);
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t a)
@@ -181,17 +179,6 @@ __device__ __forceinline__ uint2 lds64(uint32_t a)
     return v;
 }
 
-/* out[j * 16 NB + c] = sum_k x_j[k] w_j[k][n0_j + c] for the nm maps of K
- * rows, NB blocks of 16 columns each.  red: HDC_WARPS * nm * NB * 16
- * floats; out: nm * NB * 16.
- *
- * Thread 0 streams the task's blocks (weights and constants of one 16-column
- * block each) into the ring with bulk copies, as many ahead as the ring
- * holds, so that the whole ring is in flight from DRAM; a slot is refilled
- * once every thread has arrived on its "empty" barrier.  The warps read their
- * units from shared memory.  One compact loop (the megakernel runs its code
- * once a step: code size is time).  Every thread of the CTA must call;
- * ends with __syncthreads. */
 /* HD_CUDA_TRACE: the events of CTA 5's first gemv_run (block issued, warp 0
  * and warp 15 see it, warp 15 done), read by hdc_gemv_trace. */
 __device__ unsigned long long g_gtr[4][64];
@@ -408,18 +395,6 @@ __device__ __forceinline__ MatTile mat_tile(const QMat &q, int member, int n0,
     t.n0 = n0;
     t.xb = xb;
     t.xl = 4 * parts;
-    t.kus = q.K / 64;
-    return t;
-}
-
-/* The same for the rows [k0, k0 + the task's K) only (k0 a multiple of
- * 128); xb is the B fragments of the whole x. */
-__device__ __forceinline__ MatTile mat_tile_rows(const QMat &q, int member, int n0,
-                                                 const uint2 *xb, int parts, int k0)
-{
-    MatTile t = mat_tile(q, member, n0, xb + (k0 / 16) * 12, parts);
-    t.w += (size_t)(k0 / 64) * 32;
-    t.sz += (size_t)(k0 / 128) * 16;
     return t;
 }
 
