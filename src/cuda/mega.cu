@@ -13,6 +13,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     int mark = 0;
+    bool traced_m = false;
     unsigned gt = grid_base(P.bar); /* the grid barrier's target (thread 0) */
     /* Thread 0 of each CTA asks L2 for the bytes of this CTA's next phases
      * as soon as they are known, so that DRAM streams while the current
@@ -52,21 +53,33 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         } else {
             if (pf)
                 mla_kvb_prefetch(L);
+            /* the trace's points 20-31: the first MLA layer */
+            unsigned long long *tm = P.trace && !traced_m ? P.trace : nullptr;
+            traced_m = true;
+            trace_mark(tm, 20);
             mla_proj(P, L, first, sm);
+            trace_mark(tm, 21);
             grid_sync(P.bar, gt);
+            trace_mark(tm, 22);
             phase_mark(P.timers, mark);
             if (pf)
                 out_proj_prefetch(L.p[3]);
             mla_absorb(P, L, sm);
+            trace_mark(tm, 23);
             grid_sync(P.bar, gt);
+            trace_mark(tm, 24);
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
-            mla_attend(P, L, sm);
+            mla_attend(P, L, sm, tm);
+            trace_mark(tm, 27);
             grid_sync(P.bar, gt);
+            trace_mark(tm, 28);
             phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
+            trace_mark(tm, 29);
             grid_sync(P.bar, gt);
+            trace_mark(tm, 30);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm);
         }

@@ -175,7 +175,8 @@ __device__ void mla_kvb_prefetch(const LayerDev &L)
 #define AT_RED (MLA_TB * MLA_KV)
 #define AT_SC (AT_RED + HDC_WARPS * MLA_TB * 32)
 #define AT_AL (AT_SC + MLA_TB * 32)
-__device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, float *sm)
+__device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, float *sm,
+                                        unsigned long long *tr)
 {
     const int T = P.pos + 1;
     const int s = blockIdx.x;
@@ -205,6 +206,9 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
         for (int b = 0; b < 8; b++)
             acc[a][b] = 0.0f;
     float m_run = -INFINITY, l_run = 0.0f; /* threads < 32: head tid */
+    float *mrun = al + 32;                 /* m_run of every head, shared */
+    if (threadIdx.x < 32)
+        mrun[threadIdx.x] = -INFINITY;
 
     for (int tb = t0; tb < t1; tb += MLA_TB) {
         const int nt = min(MLA_TB, t1 - tb);
@@ -238,6 +242,8 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
             }
         }
         __syncthreads();
+        if (tb == t0)
+            trace_mark(tr, 25); /* the first block in shared memory */
         /* b. partial scores over this warp's 36 dimensions */
         for (int t = 0; t < nt; t++) {
             const float4 *c4 = reinterpret_cast<const float4 *>(cb + t * MLA_KV + w * 36);
@@ -263,24 +269,49 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
             sc[t * 32 + hh] = v * score_scale;
         }
         __syncthreads();
-        /* d. online softmax statistics, one thread a head */
-        if (threadIdx.x < 32) {
-            int hh = threadIdx.x;
-            float mb = m_run;
-            for (int t = 0; t < nt; t++)
-                mb = fmaxf(mb, sc[t * 32 + hh]);
-            float alpha = m_run == -INFINITY ? 0.0f : expf(m_run - mb);
-            float sum = 0.0f;
-            for (int t = 0; t < nt; t++) {
-                float p = mb == -INFINITY ? 0.0f : expf(sc[t * 32 + hh] - mb);
-                sc[t * 32 + hh] = p;
-                sum += p;
+        /* d. online softmax statistics on every warp: thread (q, hh) takes
+         * the tokens q and q + 16 of head hh; the block maximum and the sum
+         * go through red (free after c) in a fixed order. */
+        {
+            const int hh = lane, q = w;
+            const bool t0ok = q < nt, t1ok = q + 16 < nt;
+            float lm = -INFINITY;
+            if (t0ok)
+                lm = sc[q * 32 + hh];
+            if (t1ok)
+                lm = fmaxf(lm, sc[(q + 16) * 32 + hh]);
+            red[q * 32 + hh] = lm;
+            __syncthreads();
+            const float mo = mrun[hh];
+            float mb = mo;
+#pragma unroll 4
+            for (int i = 0; i < HDC_WARPS; i++)
+                mb = fmaxf(mb, red[i * 32 + hh]);
+            float ps = 0.0f;
+            if (t0ok) {
+                float p = mb == -INFINITY ? 0.0f : expf(sc[q * 32 + hh] - mb);
+                sc[q * 32 + hh] = p;
+                ps = p;
             }
-            l_run = l_run * alpha + sum;
-            m_run = mb;
-            al[hh] = alpha;
+            if (t1ok) {
+                float p = mb == -INFINITY ? 0.0f : expf(sc[(q + 16) * 32 + hh] - mb);
+                sc[(q + 16) * 32 + hh] = p;
+                ps += p;
+            }
+            red[512 + q * 32 + hh] = ps;
+            if (q == 0)
+                al[hh] = mo == -INFINITY ? 0.0f : expf(mo - mb);
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                float sum = 0.0f;
+#pragma unroll 4
+                for (int i = 0; i < HDC_WARPS; i++)
+                    sum += red[512 + i * 32 + hh];
+                l_run = l_run * al[hh] + sum;
+                m_run = mb;
+                mrun[hh] = mb; /* read again after this block's e and the next a */
+            }
         }
-        __syncthreads();
         /* e. acc[h][d] = acc * alpha + sum_t p[t][h] c[t][d] */
 #pragma unroll
         for (int a = 0; a < 4; a++) {
@@ -303,6 +334,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
         }
         __syncthreads();
     }
+    trace_mark(tr, 26);
     float *part = P.parts + (size_t)s * 32 * HDC_PART;
 #pragma unroll
     for (int a = 0; a < 4; a++) {
@@ -317,15 +349,21 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
 }
 
 /* Phase 4: per head (32 tasks) merge the splits into lat_h, then
- * o_h = bf(W_v,h^T lat_h): 4 tiles of 32 columns of kv_b, K = 512. */
+ * o_h = bf(W_v,h^T lat_h): 4 tiles of 32 columns of kv_b, K = 512.
+ * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the
+ * splits g, g + 4, ... of the four dimensions 4 d4 .. 4 d4 + 3 (16-byte
+ * loads, 8 in flight), and the four groups are added in a fixed order;
+ * the splits' weights exp(m_s - M) are computed once per split. */
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int T = P.pos + 1;
+    const int d4 = threadIdx.x & 127, sg = threadIdx.x >> 7;
     for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
         /* The splits' statistics, loaded in parallel, then their weights. */
         float *st_m = sm + MERGE_STATS, *st_l = st_m + 1024;
+        float *st_e = red, *grp = red + 1024; /* grp: 4 x 512 */
         int ns = 0;
         while (ns < P.nsplit && ns < 1024 && ns * P.split_len < T)
             ns++;
@@ -337,29 +375,38 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
         float M = -INFINITY;
         for (int s = 0; s < ns; s++)
             M = fmaxf(M, st_m[s]);
-        float num = 0.0f, den = 0.0f;
-        const int d = threadIdx.x;
-        int s = 0;
-        for (; s + 8 <= ns; s += 8) {
-            float a[8];
+        for (int s = threadIdx.x; s < ns; s += HDC_THREADS)
+            st_e[s] = st_m[s] == -INFINITY ? 0.0f : expf(st_m[s] - M);
+        __syncthreads();
+        float den = 0.0f;
+        for (int s = 0; s < ns; s++)
+            den += st_e[s] * st_l[s];
+        float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float *pp = P.parts + (size_t)hh * HDC_PART + 4 * d4;
+        for (int s0 = sg; s0 < ns; s0 += 32) {
+            float4 a[8];
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                a[u] = ldcg(P.parts + ((size_t)(s + u) * 32 + hh) * HDC_PART + d);
+                if (s0 + 4 * u < ns)
+                    a[u] = __ldcg(reinterpret_cast<const float4 *>(
+                        pp + (size_t)(s0 + 4 * u) * 32 * HDC_PART));
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                float m = st_m[s + u];
-                float e = m == -INFINITY ? 0.0f : expf(m - M);
-                den += e * st_l[s + u];
-                num += e * a[u];
-            }
+            for (int u = 0; u < 8; u++)
+                if (s0 + 4 * u < ns) {
+                    const float e = st_e[s0 + 4 * u];
+                    num.x = fmaf(e, a[u].x, num.x);
+                    num.y = fmaf(e, a[u].y, num.y);
+                    num.z = fmaf(e, a[u].z, num.z);
+                    num.w = fmaf(e, a[u].w, num.w);
+                }
         }
-        for (; s < ns; s++) {
-            float m = st_m[s];
-            float e = m == -INFINITY ? 0.0f : expf(m - M);
-            den += e * st_l[s];
-            num += e * ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + d);
+        reinterpret_cast<float4 *>(grp)[sg * 128 + d4] = num;
+        __syncthreads();
+        {
+            const int d = threadIdx.x;
+            const float v = ((grp[d] + grp[512 + d]) + grp[1024 + d]) + grp[1536 + d];
+            xs[(d >> 5) * HDC_XS_STRIDE + (d & 31)] = v / den;
         }
-        xs[(d >> 5) * HDC_XS_STRIDE + (d & 31)] = num / den;
         xs_finish(xs, 512, 3); /* fp32 values */
         int c0 = hh * 256 + 128;
         MatTile m[4] = {mat_tile(L.p[2], 0, c0, xb, 3), mat_tile(L.p[2], 0, c0 + 32, xb, 3),
