@@ -9,10 +9,10 @@
  * columns 0, 1, 2 of B, so the fp32 x is not rounded; the products are
  * exact and the sums fp32.
  *
- * Warp w takes the rows [w KU / 16, (w + 1) KU / 16) of every 16-column
- * block (KU = K / 64 units), issues all its loads before it computes, and
- * writes its partial sums; the warps' partials are summed in a fixed order,
- * so results do not change from run to run. */
+ * The weights stream through a shared-memory ring (gemv_run); a group of
+ * S warps takes a 16-column block, each warp a run of its KU = K / 64
+ * units, and the S partial sums are added in a fixed order, so results do
+ * not change from run to run. */
 #ifndef HD_CUDA_GEMV_CUH
 #define HD_CUDA_GEMV_CUH
 
@@ -96,15 +96,15 @@ __device__ __forceinline__ unsigned long long evict_first_policy()
  * copies of a task's weight blocks stream into, and its mbarriers.  Each
  * gemv_run drains it before it returns, so other phases may use the bytes
  * (the attention does). */
-#define GEMV_CMAX 4 /* units of one 16-column block a warp takes, at most */
 #define GEMV_RING_OFF (SM_XB_END * 4)
 #define GEMV_RING_BYTES (152 * 1024)
 #define GEMV_RING_SLOTS 16
 #define GEMV_BAR_OFF (GEMV_RING_OFF + GEMV_RING_BYTES)
 #define GEMV_TILE_OFF (GEMV_BAR_OFF + 2 * GEMV_RING_SLOTS * 8)
 #define GEMV_MAXMAPS 9
+#define GEMV_SEQ_OFF (GEMV_TILE_OFF + GEMV_MAXMAPS * 48)
 static_assert(sizeof(MatTile) <= 48, "tile size");
-static_assert(GEMV_TILE_OFF + GEMV_MAXMAPS * 48 <= HDC_SMEM_BYTES, "smem map");
+static_assert(GEMV_SEQ_OFF + 2 * GEMV_RING_SLOTS * 4 <= HDC_SMEM_BYTES, "smem map");
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
 {
@@ -179,6 +179,15 @@ __device__ __forceinline__ uint2 lds64(uint32_t a)
     return v;
 }
 
+/* Volatile, so that a loop-invariant read is not hoisted into a register
+ * that lives through the loop. */
+__device__ __forceinline__ float lds32f(uint32_t a)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
 /* HD_CUDA_TRACE: the events of CTA 5's first gemv_run (block issued, warp 0
  * and warp 15 see it, warp 15 done), read by hdc_gemv_trace. */
 __device__ unsigned long long g_gtr[4][64];
@@ -203,60 +212,57 @@ __device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
     return ns < NJB ? ns : NJB;
 }
 
-/* Set a task up: its tiles into shared memory, the ring's barriers, and
- * the first ns blocks issued.  Every thread calls.  (Issuing a phase's
- * first blocks before its RMSNorm or B fragments was measured slower: the
- * bulk copies queue ahead of those small, critical loads.) */
-__device__ __forceinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
+/* How many warps share a 16-column block (S, a power of two; the 16 / S
+ * groups of S warps take blocks g, g + 16 / S, ...): the fewest unit-times
+ * ceil(NJB / groups) x ceil(KU / S), with no more groups than ring slots
+ * (a group beyond them would wait for a refill in its first round), and
+ * on a tie the smaller S (fewer blocks a warp, less overhead per unit). */
+__device__ __forceinline__ int gemv_split(int NJB, int KU, int ns)
 {
-    extern __shared__ float4 smem4[];
-    const uint32_t base = smem_addr(smem4);
-    const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
-                   empty = full + GEMV_RING_SLOTS * 8;
-    uint32_t slot_bytes;
-    const int ns = ring_slots(K, nm * NB, slot_bytes);
-    /* the tiles, for thread 0's issues (the caller's array is in local
-     * memory, and L1 is small next to 227 KB of shared memory) */
-    MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
-    if (threadIdx.x < nm)
-        tl[threadIdx.x] = m[threadIdx.x];
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < ns; i++) {
-            mbar_init(full + i * 8, 1);
-            mbar_init(empty + i * 8, HDC_THREADS);
-        }
-        /* the initialized barriers, and bytes other phases wrote with
-         * ordinary stores, before the async proxy's writes */
-        asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
-        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long pol = evict_first_policy();
-        int pj = 0, pb = 0;
-        for (int i = 0; i < ns; i++) {
-            gtr_mark(0, i);
-            ring_issue(tl[pj], (tl[pj].n0 >> 4) + pb, K / 64, ring + i * slot_bytes,
-                       full + i * 8, pol);
-            if (++pb == NB) {
-                pb = 0;
-                pj++;
-            }
+    int best = HDC_WARPS, bc = 1 << 30;
+    for (int S = 1; S <= HDC_WARPS; S <<= 1) {
+        const int G = HDC_WARPS / S;
+        if (G > 1 && G > ns)
+            continue;
+        const int c = ((NJB + G - 1) / G) * ((KU + S - 1) / S);
+        if (c < bc) {
+            bc = c;
+            best = S;
         }
     }
+    return best;
+}
+
+/* Block b of the call (tile b / NB, its block b % NB) into ring slot sl,
+ * announced in seq[sl] first (the consumers of b wait for that before they
+ * wait on the slot's full barrier, whose parity alone cannot tell b from
+ * the block ns earlier). */
+__device__ __forceinline__ void ring_put(const MatTile *tl, int b, int NB, int KU,
+                                         uint32_t ring, uint32_t slot_bytes, uint32_t full,
+                                         volatile int *seq, int sl, unsigned long long pol)
+{
+    const int j = b / NB;
+    seq[sl] = b;
+    gtr_mark(0, b);
+    ring_issue(tl[j], (tl[j].n0 >> 4) + b % NB, KU, ring + sl * slot_bytes, full + sl * 8, pol);
 }
 
 /* out[j * 16 NB + c] = sum_k x_j[k] w_j[k][n0_j + c] for the nm maps of K
  * rows, NB blocks of 16 columns each.  red: HDC_WARPS * nm * NB * 16
  * floats; out: nm * NB * 16.
  *
- * Thread 0 streams the task's blocks (weights and constants of one 16-column
- * block each) into the ring with bulk copies, as many ahead as the ring
- * holds, so that the whole ring is in flight from DRAM; a slot is refilled
- * once every thread has arrived on its "empty" barrier.  The warps read their
- * units from shared memory.  One compact loop (the megakernel runs its code
- * once a step: code size is time).  Every thread of the CTA must call;
- * ends with __syncthreads. */
+ * The ring: thread 0 issues the first ns blocks (weights and constants of
+ * one 16-column block each, one bulk copy pair) into the ring's slots; the
+ * block ns later in the same slot is issued by whichever warp finishes the
+ * slot's block last (every thread arrives on the slot's "empty" barrier,
+ * lane 0 counts the warps, the last one waits on that barrier and issues),
+ * so no warp is a producer that the others wait for.  The warps are cut
+ * into groups of S (gemv_split): a group takes every (16 / S)-th block, a
+ * warp of the group a contiguous run of its K / 64 units, so a warp pays
+ * the per-block costs (barrier wait, partial sums) once per run instead
+ * of once per two or three units.  The S partial sums of a column are
+ * added in a fixed order: results do not change from run to run.  Every
+ * thread of the CTA must call; ends with __syncthreads. */
 __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
                                       float *red, float *out)
 {
@@ -264,93 +270,101 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
     const int NJB = nm * NB, KU = K / 64;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const int kb0 = w * KU / HDC_WARPS, cnt = (w + 1) * KU / HDC_WARPS - kb0;
     const uint32_t base = smem_addr(smem4);
     const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
                    empty = full + GEMV_RING_SLOTS * 8;
     const uint32_t wbytes = (uint32_t)KU * 512u;
     uint32_t slot_bytes;
     const int ns = ring_slots(K, NJB, slot_bytes);
+    const int S = gemv_split(NJB, KU, ns), G = HDC_WARPS / S;
+    const int gi = w / S, si = w % S;
+    const int u0 = si * KU / S, u1 = (si + 1) * KU / S;
     MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
-    gemv_setup(m, nm, NB, K);
+    volatile int *seq = reinterpret_cast<volatile int *>(reinterpret_cast<char *>(smem4) +
+                                                         GEMV_SEQ_OFF);
+    int *cnt = reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
+               GEMV_RING_SLOTS;
     const unsigned long long pol = evict_first_policy();
-    /* the producer's cursors: the slot (and its use parity) to refill next,
-     * and the next block to issue (tile pj, its block pb) */
-    int pslot = 0, pj = ns / NB, pb = ns % NB;
-    uint32_t pph = 0;
-    int sl = 0;           /* the consumers' slot */
-    uint32_t ph = 0;      /* and the parity of its current use */
-    int jb = 0;
+
+    /* set up: the tiles into shared memory (for the issuers; the caller's
+     * array is in local memory), the barriers and counters, the first ns
+     * blocks.  (Issuing a phase's first blocks before its RMSNorm or B
+     * fragments was measured slower: the bulk copies queue ahead of those
+     * small, critical loads.) */
+    if (threadIdx.x < nm)
+        tl[threadIdx.x] = m[threadIdx.x];
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            mbar_init(full + i * 8, 1);
+            mbar_init(empty + i * 8, (unsigned)S * 32u);
+            cnt[i] = 0;
+        }
+        /* the initialized barriers, and bytes other phases wrote with
+         * ordinary stores, before the async proxy's writes */
+        asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 0; i < ns; i++)
+            ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);
+    __syncthreads(); /* seq[] of the first blocks */
+
 #pragma unroll 1
-    for (int j = 0; j < nm; j++) {
-        const uint32_t xb = smem_addr(tl[j].xb) + (uint32_t)(kb0 * 4 * 12 + lane) * 8u;
+    for (int jb = gi; jb < NJB; jb += G) {
+        const int j = jb / NB, sl = jb % ns;
+        const uint32_t ph = (uint32_t)(jb / ns) & 1u;
+        const uint32_t xb = smem_addr(tl[j].xb) + (uint32_t)lane * 8u;
         const bool has_x = lane < tl[j].xl;
-#pragma unroll 1
-        for (int b = 0; b < NB; b++, jb++) {
-            /* refill the slot of the previous block once every warp is done */
-            if (threadIdx.x == 0 && jb >= 1 && jb - 1 + ns < NJB) {
-                mbar_wait(empty + pslot * 8, pph);
-                /* the consumers' ld.shared (released by their arrivals,
-                 * acquired by the wait) before the async proxy's writes */
-                asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-                gtr_mark(0, jb - 1 + ns);
-                ring_issue(tl[pj], (tl[pj].n0 >> 4) + pb, KU, ring + pslot * slot_bytes,
-                           full + pslot * 8, pol);
-                if (++pb == NB) {
-                    pb = 0;
-                    pj++;
-                }
-                if (++pslot == ns) {
-                    pslot = 0;
-                    pph ^= 1u;
-                }
-            }
-            __syncwarp();
-            const uint32_t sw = ring + sl * slot_bytes, sz = sw + wbytes;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mbar_wait(full + sl * 8, ph);
-            if (lane == 0 && (w == 0 || w == 15))
-                gtr_mark(w ? 2 : 1, jb);
-#pragma unroll
-            for (int c = 0; c < GEMV_CMAX; c++)
-                if (c < cnt) {
-                    const uint4 q = lds128(sw + (uint32_t)(((kb0 + c) * 32 + lane) * 16));
-                    const uint32_t zp = sz + (uint32_t)((((kb0 + c) >> 1) * 16 + g) * 8);
-                    const uint32_t xc = xb + (uint32_t)c * (4 * 12 * 8);
-                    uint2 bx[4];
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
-                    unit_mma(acc, acc1, q, deq_consts(lds64(zp)), deq_consts(lds64(zp + 64)),
-                             bx);
-                }
-            __syncwarp();
-            if (lane == 0 && w == 15)
-                gtr_mark(3, jb);
-            /* every thread releases its own reads of the slot (an arrival
-             * orders only the arriving thread's accesses) */
-            mbar_arrive(empty + sl * 8);
-            if (++sl == ns) {
-                sl = 0;
-                ph ^= 1u;
-            }
+        const uint32_t sw = ring + sl * slot_bytes, sz = sw + wbytes;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        while (seq[sl] != jb)
+            ;
+        mbar_wait(full + sl * 8, ph);
+        if (lane == 0 && si == S - 1)
+            gtr_mark(1, jb);
+        if (lane == 0 && si == 0)
+            gtr_mark(2, jb);
+#pragma unroll 2
+        for (int u = u0; u < u1; u++) {
+            const uint4 q = lds128(sw + (uint32_t)((u * 32 + lane) * 16));
+            const uint32_t zp = sz + (uint32_t)(((u >> 1) * 16 + g) * 8);
+            const uint32_t xc = xb + (uint32_t)u * (4 * 12 * 8);
+            uint2 bx[4];
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                acc[i] += acc1[i];
-            /* column 0 + column 1 here, column 2 in the next lane */
-            float lo0 = __shfl_down_sync(0xffffffffu, acc[0], 1);
-            float lo2 = __shfl_down_sync(0xffffffffu, acc[2], 1);
-            if (tq == 0) {
-                red[(w * NJB + jb) * 16 + g] = (acc[0] + acc[1]) + lo0;
-                red[(w * NJB + jb) * 16 + g + 8] = (acc[2] + acc[3]) + lo2;
-            }
+                bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
+            unit_mma(acc, acc1, q, deq_consts(lds64(zp)), deq_consts(lds64(zp + 64)), bx);
+        }
+        if (lane == 0 && si == 0)
+            gtr_mark(3, jb);
+        /* every thread releases its own reads of the slot (an arrival
+         * orders only the arriving thread's accesses); the group's last
+         * warp refills it */
+        mbar_arrive(empty + sl * 8);
+        __syncwarp();
+        if (lane == 0 && atomicAdd(cnt + sl, 1) == (jb / ns + 1) * S - 1 && jb + ns < NJB) {
+            mbar_wait(empty + sl * 8, ph);
+            /* the consumers' ld.shared (released by their arrivals,
+             * acquired by the wait) before the async proxy's writes */
+            asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+            ring_put(tl, jb + ns, NB, KU, ring, slot_bytes, full, seq, sl, pol);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[i] += acc1[i];
+        /* column 0 + column 1 here, column 2 in the next lane */
+        float lo0 = __shfl_down_sync(0xffffffffu, acc[0], 1);
+        float lo2 = __shfl_down_sync(0xffffffffu, acc[2], 1);
+        if (tq == 0) {
+            red[(si * NJB + jb) * 16 + g] = (acc[0] + acc[1]) + lo0;
+            red[(si * NJB + jb) * 16 + g + 8] = (acc[2] + acc[3]) + lo2;
         }
     }
     __syncthreads();
     if (threadIdx.x < NJB * 16) {
         float s = 0.0f;
-#pragma unroll 4
-        for (int i = 0; i < HDC_WARPS; i++)
+        for (int i = 0; i < S; i++)
             s += red[i * NJB * 16 + threadIdx.x];
         out[threadIdx.x] = s;
     }
@@ -368,7 +382,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
 template <int TW, int NM, int K>
 __device__ __forceinline__ void gemv_tile(const MatTile (&m)[NM], float *red, float *out)
 {
-    static_assert(TW % 16 == 0 && K % 128 == 0 && K / 64 <= GEMV_CMAX * HDC_WARPS,
+    static_assert(TW % 16 == 0 && K % 128 == 0,
                   "tile shape");
     gemv_run(m, NM, TW / 16, K, red, out);
 }

@@ -175,6 +175,9 @@ __device__ void mla_kvb_prefetch(const LayerDev &L)
 #define AT_RED (MLA_TB * MLA_KV)
 #define AT_SC (AT_RED + HDC_WARPS * MLA_TB * 32)
 #define AT_AL (AT_SC + MLA_TB * 32)
+#define AT_Q (AT_AL + 64)
+#define AT_QROW (MLA_KV + 1)
+static_assert((AT_Q + 32 * AT_QROW) * 4 <= GEMV_BAR_OFF, "attention smem map");
 __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, float *sm,
                                         unsigned long long *tr)
 {
@@ -190,14 +193,35 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
     float *cb = sm + AT_C, *red = sm + AT_RED, *sc = sm + AT_SC, *al = sm + AT_AL;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-    /* This warp's 36 dimensions of head `lane`'s query, in registers. */
-    float qv[36];
+    /* The 32 x 576 query values in shared memory, rows of 577 floats so
+     * that a warp's 32 lanes (32 heads) read 32 different banks; loaded in
+     * 16-byte pieces in the order they lie in L2 (read per warp straight
+     * from L2, a load would touch 32 lines, one per head).  Step b reads
+     * this warp's 36 dimensions of head `lane` again for every block, so
+     * that they do not hold 36 registers through the whole loop. */
+    {
+        float *qs = sm + AT_Q;
 #pragma unroll
-    for (int j = 0; j < 36; j++) {
-        int d = w * 36 + j;
-        qv[j] = d < 512 ? ldcg(P.ql + lane * 512 + d)
-                        : ldcg(P.q + lane * 192 + 128 + (d - 512));
+        for (int u = 0; u < 32 * 512 / 4 / HDC_THREADS; u++) {
+            const int i = threadIdx.x + u * HDC_THREADS, hh = i >> 7, d = (i & 127) * 4;
+            const float4 v = __ldcg(reinterpret_cast<const float4 *>(P.ql) + i);
+            float *dst = qs + hh * AT_QROW + d;
+            dst[0] = v.x;
+            dst[1] = v.y;
+            dst[2] = v.z;
+            dst[3] = v.w;
+        }
+        {
+            const int hh = threadIdx.x >> 4, d = (threadIdx.x & 15) * 4;
+            const float4 v = __ldcg(reinterpret_cast<const float4 *>(P.q + hh * 192 + 128 + d));
+            float *dst = qs + hh * AT_QROW + 512 + d;
+            dst[0] = v.x;
+            dst[1] = v.y;
+            dst[2] = v.z;
+            dst[3] = v.w;
+        }
     }
+    const uint32_t qa = smem_addr(sm + AT_Q + lane * AT_QROW + w * 36);
     const int hg = threadIdx.x >> 6, ds = threadIdx.x & 63;
     float acc[4][8];
 #pragma unroll
@@ -213,38 +237,37 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
     for (int tb = t0; tb < t1; tb += MLA_TB) {
         const int nt = min(MLA_TB, t1 - tb);
         /* a. the block's rows as fp32: 64 + 8 pieces of 8 values a token,
-         * all of a thread's loads in flight at once */
+         * copied raw into red (free until step b) with cp.async, so that no
+         * register waits on DRAM (as loads into registers, the compiler
+         * spilled them: one DRAM round trip a piece), then widened into cb */
         {
-            uint4 v[5];
-#pragma unroll
-            for (int u = 0; u < 5; u++) {
-                int i = threadIdx.x + u * HDC_THREADS;
-                if (i < nt * 72) {
-                    int t = i / 72, pc = i % 72;
-                    const uint4 *src = pc < 64
-                        ? reinterpret_cast<const uint4 *>(ckv + (size_t)(tb + t) * 512) + pc
-                        : reinterpret_cast<const uint4 *>(kr + (size_t)(tb + t) * 64) + (pc - 64);
-                    v[u] = __ldcg(src);
-                }
+            const uint32_t raw = smem_addr(red);
+            for (int i = threadIdx.x; i < nt * 72; i += HDC_THREADS) {
+                const int t = i / 72, pc = i % 72;
+                const uint16_t *src = pc < 64 ? ckv + (size_t)(tb + t) * 512 + pc * 8
+                                              : kr + (size_t)(tb + t) * 64 + (pc - 64) * 8;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                             : : "r"(raw + (uint32_t)i * 16u), "l"(src) : "memory");
             }
-#pragma unroll
-            for (int u = 0; u < 5; u++) {
-                int i = threadIdx.x + u * HDC_THREADS;
-                if (i < nt * 72) {
-                    float *dst = cb + (i / 72) * MLA_KV + (i % 72) * 8;
-                    uint32_t wv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        dst[2 * k] = __uint_as_float(wv[k] << 16);
-                        dst[2 * k + 1] = __uint_as_float(wv[k] & 0xffff0000u);
-                    }
-                }
+            asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" : : : "memory");
+            __syncthreads();
+            for (int i = threadIdx.x; i < nt * 72; i += HDC_THREADS) {
+                const uint4 v = reinterpret_cast<const uint4 *>(red)[i];
+                float4 *dst = reinterpret_cast<float4 *>(cb + (i / 72) * MLA_KV + (i % 72) * 8);
+                dst[0] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                                     __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+                dst[1] = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+                                     __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
             }
         }
         __syncthreads();
         if (tb == t0)
             trace_mark(tr, 25); /* the first block in shared memory */
         /* b. partial scores over this warp's 36 dimensions */
+        float qv[36];
+#pragma unroll
+        for (int j = 0; j < 36; j++)
+            qv[j] = lds32f(qa + 4 * j);
         for (int t = 0; t < nt; t++) {
             const float4 *c4 = reinterpret_cast<const float4 *>(cb + t * MLA_KV + w * 36);
             float p = 0.0f;
