@@ -199,12 +199,13 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
                            const uint16_t *weight, float *xs, float *red)
 {
     constexpr int NV = (HDC_D + HDC_THREADS - 1) / HDC_THREADS;
-    float v[NV];
+    float v[NV], wn[NV];
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < NV; j++) { /* all loads in flight at once */
+    for (int j = 0; j < NV; j++) { /* all loads in flight at once, the norm's too */
         int i = threadIdx.x + j * HDC_THREADS;
         v[j] = i < HDC_D ? (hin ? bf16f(hin[i]) : ldcg(h + i)) : 0.0f;
+        wn[j] = i < HDC_D ? bf16f(__ldg(weight + i)) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < NV; j++)
@@ -215,7 +216,7 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
     for (int j = 0; j < NV; j++) {
         int i = threadIdx.x + j * HDC_THREADS;
         if (i < HDC_D)
-            xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = bfr(v[j] * inv * bf16f(weight[i]));
+            xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = bfr(v[j] * inv * wn[j]);
     }
     xs_finish(xs, HDC_D, 1);
 }

@@ -69,12 +69,16 @@ struct StepParams {
     unsigned *dcnt; /* [144] units done per 16-column block (0 at rest) */
     unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
+    int prime;     /* 1: the next phase's weights stream into shared memory
+                    * before each grid barrier where they are known */
     unsigned long long *trace; /* HD_CUDA_TRACE: [grid][32] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
 };
 
 /* mega.cu */
-cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm);
+/* split: 0, or the warps per GEMV block to use always (1, 2, ..., 16;
+ * HD_CUDA_SPLIT, for measurements). */
+cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split);
 cudaError_t hdc_gemv_trace(unsigned long long *host, int on);
 cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream);
 

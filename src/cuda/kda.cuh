@@ -59,6 +59,19 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
     }
 }
 
+/* The first GEMV of this CTA in the projection phase (its maps; 0: none),
+ * exactly as kda_proj calls it, for gemv_prime. */
+__device__ __forceinline__ int kda_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    NB = 2;
+    K = HDC_D;
+    if (blockIdx.x >= HDC_A / 32)
+        return 0;
+    for (int j = 0; j < 4; j++)
+        m[j] = mat_tile(L.p[j], 0, blockIdx.x * 32, sm_xb(), 1);
+    return 4;
+}
+
 /* The L2 prefetches of this CTA's share of the phases (thread 0 only). */
 __device__ void kda_proj_prefetch(const LayerDev &L)
 {
@@ -135,6 +148,20 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
         }
         __syncthreads();
     }
+}
+
+/* The first (only) GEMV of this CTA in out_proj, for gemv_prime. */
+__device__ __forceinline__ int out_proj_tiles(const QMat &o, MatTile *m, int &NB, int &K)
+{
+    const int t0 = blockIdx.x;
+    NB = 1;
+    K = HDC_A;
+    if (t0 >= HDC_D / 16)
+        return 0;
+    const int nt = t0 + gridDim.x < HDC_D / 16 ? 2 : 1;
+    m[0] = mat_tile(o, 0, t0 * 16, sm_xb(), 1);
+    m[1] = mat_tile(o, 0, (nt > 1 ? t0 + gridDim.x : t0) * 16, sm_xb(), 1);
+    return nt;
 }
 
 /* o_proj (K = 4096 -> 2304) and the residual: 144 tasks of 16 columns.

@@ -8,6 +8,17 @@
 #include "mla.cuh"
 #include "moe.cuh"
 
+/* gemv_prime of the next phase's first GEMV: which maps, from the
+ * phase's own *_tiles function (0 maps: nothing to prime). */
+#define PRIME(call)                                                                      \
+    do {                                                                                 \
+        MatTile pm_[4];                                                                  \
+        int pnb_, pk_;                                                                   \
+        const int pn_ = call;                                                            \
+        if (P.prime)                                                                     \
+            gemv_prime(pm_, pn_, pnb_, pk_);                                             \
+    } while (0)
+
 __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
 {
     extern __shared__ float4 smem4[];
@@ -45,6 +56,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             if (pf)
                 moe_router_prefetch(P, L);
             kda_delta(P, L, sm);
+            PRIME(out_proj_tiles(L.p[4], pm_, pnb_, pk_));
             trace_mark(tr, 3);
             grid_sync(P.bar, gt);
             trace_mark(tr, 4);
@@ -77,12 +89,14 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             trace_mark(tm, 28);
             phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
+            PRIME(out_proj_tiles(L.p[3], pm_, pnb_, pk_));
             trace_mark(tm, 29);
             grid_sync(P.bar, gt);
             trace_mark(tm, 30);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm);
         }
+        PRIME(moe_router_tiles(L, pm_, pnb_, pk_));
         trace_mark(tr, 5);
         grid_sync(P.bar, gt);
         trace_mark(tr, 6);
@@ -93,6 +107,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
+        PRIME(moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_MISC + 32), pm_, pnb_,
+                             pk_));
         trace_mark(tr, 9);
         grid_sync(P.bar, gt);
         trace_mark(tr, 10);
@@ -104,6 +120,13 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
                 mla_proj_prefetch(P.layers[l + 1]);
         }
         moe_down(P, L, last, sm);
+        if (!last) {
+            const LayerDev &N = P.layers[l + 1];
+            if (N.kind == 'K')
+                PRIME(kda_proj_tiles(N, pm_, pnb_, pk_));
+            else
+                PRIME(mla_proj_tiles(N, pm_, pnb_, pk_));
+        }
         trace_mark(tr, 11);
         if (!last)
             grid_sync(P.bar, gt);
@@ -112,9 +135,12 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     grid_exit(P.bar, gt);
 }
 
-cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm)
+cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split)
 {
     cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaMemcpyToSymbol(g_split_force, &split, sizeof split);
     if (e != cudaSuccess)
         return e;
     e = cudaFuncSetAttribute(hd_mega, cudaFuncAttributeMaxDynamicSharedMemorySize,

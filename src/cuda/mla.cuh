@@ -68,6 +68,24 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     }
 }
 
+/* The first (only) GEMV of this CTA in mla_proj, for gemv_prime. */
+__device__ __forceinline__ int mla_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    const int ntask = MLA_Q / 32 + MLA_KV / 32, t0 = blockIdx.x;
+    NB = 2;
+    K = HDC_D;
+    if (t0 >= ntask)
+        return 0;
+    const int nt = t0 + gridDim.x < ntask ? 2 : 1;
+    for (int i = 0; i < 2; i++) {
+        const int task = i < nt ? t0 + i * gridDim.x : t0;
+        const bool isq = task < MLA_Q / 32;
+        m[i] = mat_tile(isq ? L.p[0] : L.p[1], 0, isq ? task * 32 : (task - MLA_Q / 32) * 32,
+                        sm_xb(), 1);
+    }
+    return nt;
+}
+
 __device__ __forceinline__ uint32_t movtrans(uint32_t a)
 {
     uint32_t d;

@@ -122,7 +122,13 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         goto out;
     }
     CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cm->device));
-    CK(hdc_kernel_setup(cm->device, &per_sm));
+    {
+        const char *sp = getenv("HD_CUDA_SPLIT");
+        int split = sp ? atoi(sp) : 0;
+        if (split != 1 && split != 2 && split != 4 && split != 8 && split != 16)
+            split = 0;
+        CK(hdc_kernel_setup(cm->device, &per_sm, split));
+    }
     if (!coop || per_sm < 1) {
         st = fail(err, err_size, HD_ERR_BACKEND,
                   "device %d (%s): the megakernel cannot be co-resident "
@@ -256,6 +262,10 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * the small loads of each phase's start (measured: docs/PERF-CUDA.md) */
         const char *pf = getenv("HD_CUDA_PREFETCH");
         p.prefetch = pf && strcmp(pf, "1") == 0;
+        /* HD_CUDA_PRIME=0 turns the priming of the GEMV ring before each
+         * grid barrier off (for measurements) */
+        const char *pr = getenv("HD_CUDA_PRIME");
+        p.prime = !(pr && strcmp(pr, "0") == 0);
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));

@@ -56,6 +56,18 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     }
 }
 
+/* The first (only) GEMV of this CTA in moe_router, for gemv_prime. */
+__device__ __forceinline__ int moe_router_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    NB = 1;
+    K = HDC_D;
+    if (blockIdx.x >= MOE_I / 16)
+        return 0;
+    m[0] = mat_tile(L.sgate, 0, blockIdx.x * 16, sm_xb(), 1);
+    m[1] = mat_tile(L.sup, 0, blockIdx.x * 16, sm_xb(), 1);
+    return 2;
+}
+
 __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
 {
     const int E = P.experts;
@@ -132,14 +144,18 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.0f, w8[8];
-        for (int j = 0; j < 8; j++) {
-            w8[j] = expf(wt[j] - wt[0]);
-            total += w8[j];
-        }
-        for (int j = 0; j < 8; j++)
-            wt[j] = w8[j] / total * 2.446f;
+    if (threadIdx.x < 32) {
+        /* lane j < 8: w_j = exp(l_j - l_0) / sum * 2.446, the sum in the
+         * order j = 0..7 (every lane adds the same shuffled values) */
+        const int j = threadIdx.x & 7;
+        const float e = expf(wt[j] - wt[0]);
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            total += __shfl_sync(0xffffffffu, e, i);
+        __syncwarp();
+        if (threadIdx.x < 8)
+            wt[j] = e / total * 2.446f;
     }
     __syncthreads();
 }
@@ -198,6 +214,34 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     }
 }
 
+/* This CTA's range of the down phase's 9 x 144 units (see moe_down). */
+__device__ __forceinline__ void down_range(int &u0, int &u1)
+{
+    constexpr int NU = 9 * (HDC_D / 16);
+    u0 = (int)((unsigned)blockIdx.x * NU / gridDim.x);
+    u1 = (int)((unsigned)(blockIdx.x + 1) * NU / gridDim.x);
+}
+
+/* The first GEMV of this CTA in moe_down (sel: the chosen experts), for
+ * gemv_prime at the end of moe_experts. */
+__device__ __forceinline__ int moe_down_tiles(const LayerDev &L, const int *sel, MatTile *m,
+                                              int &NB, int &K)
+{
+    constexpr int NBK = HDC_D / 16;
+    int u0, u1;
+    down_range(u0, u1);
+    const int j = u0 / NBK;
+    K = MOE_I;
+    NB = 0;
+    if (j >= 9 || u1 <= u0)
+        return 0;
+    const int b0 = u0 - j * NBK, b1 = min(u1 - j * NBK, NBK);
+    NB = min(16, b1 - b0);
+    m[0] = j < 8 ? mat_tile(L.down, sel[j], b0 * 16, sm_xb(), 3)
+                 : mat_tile(L.sdown, 0, b0 * 16, sm_xb(), 3);
+    return 1;
+}
+
 /* Phase D: the 9 down projections (8 routed, the shared one) as 9 x 144
  * units of 16 columns, map-major, split evenly over the CTAs (a CTA's
  * range spans one or two maps, so it builds the B fragments of only those
@@ -211,9 +255,9 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     int *fin = reinterpret_cast<int *>(sm + SM_MISC + 64);
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    constexpr int NBK = HDC_D / 16, NU = 9 * NBK;
-    const int u0 = (int)((long long)blockIdx.x * NU / gridDim.x);
-    const int u1 = (int)((long long)(blockIdx.x + 1) * NU / gridDim.x);
+    constexpr int NBK = HDC_D / 16;
+    int u0, u1;
+    down_range(u0, u1);
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     int sel[8];
     float wt[8];
