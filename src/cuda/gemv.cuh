@@ -321,6 +321,17 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
     /* the grid barrier that follows begins with __syncthreads */
 }
 
+/* At the start of a launch: no ring is primed (shared memory starts with
+ * whatever the last kernel left there).  Thread 0; a __syncthreads must
+ * follow before the first GEMV. */
+__device__ __forceinline__ void gemv_reset()
+{
+    extern __shared__ float4 smem4[];
+    if (threadIdx.x == 0)
+        (reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
+         2 * GEMV_RING_SLOTS)[0] = 0;
+}
+
 __device__ __forceinline__ const uint2 *sm_xb()
 {
     extern __shared__ float4 smem4[];

@@ -26,6 +26,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     int mark = 0;
     bool traced_m = false;
     unsigned gt = grid_base(P.bar); /* the grid barrier's target (thread 0) */
+    gemv_reset();
+    __syncthreads();
     /* Thread 0 of each CTA asks L2 for the bytes of this CTA's next phases
      * as soon as they are known, so that DRAM streams while the current
      * phase computes and waits at its barrier. */
