@@ -85,7 +85,10 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
-            mla_attend(P, L, sm, tm);
+            if (P.attn_scalar)
+                mla_attend(P, L, sm, tm);
+            else
+                mla_attend_tc(P, L, sm, tm);
             trace_mark(tm, 27);
             grid_sync(P.bar, gt);
             trace_mark(tm, 28);

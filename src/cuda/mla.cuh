@@ -389,6 +389,222 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
     }
 }
 
+/* Phase 3 on tensor cores (the default; HD_CUDA_ATTN=scalar selects
+ * mla_attend above): the same partials, in blocks of 64 tokens.
+ *
+ * The cache block stays bf16 in shared memory (cp.async, rows padded to
+ * 1168 bytes so that ldmatrix's 8 rows fall in different banks; rows past
+ * the split's end are zero-filled).  The query enters as three bf16 parts
+ * hi + mid + lo = q exactly, so every product is exact and the sums fp32,
+ * as in the GEMV:
+ *   scores: [64 tokens x 576] x [576 x 32 heads], warp w a 16 x 8 tile
+ *           (tokens 16 (w / 4), heads 8 (w % 4)), the three parts in three
+ *           accumulators added at the end;
+ *   values: [32 heads x 64 tokens] x [64 x 512], the probabilities p split
+ *           the same way, warp w heads 16 (w % 2) and dimensions 64 (w / 2),
+ *           8 accumulator tiles that carry over the blocks (online softmax).
+ * Smem map in bytes: cache block, query parts, scores, p parts, stats. */
+#define TC_TB 64
+#define TC_ROW 1168 /* bytes a cache or query row: 576 bf16 + 16 */
+#define TC_KC 0
+#define TC_QP (TC_KC + TC_TB * TC_ROW)
+#define TC_SC (TC_QP + 3 * 32 * TC_ROW)
+#define TC_PROW 144 /* bytes a row of p: 64 bf16 + 16 */
+#define TC_PP (TC_SC + TC_TB * 32 * 4)
+#define TC_RED (TC_PP + 3 * 32 * TC_PROW)
+#define TC_AL (TC_RED + 2 * HDC_WARPS * 32 * 4)
+#define TC_END (TC_AL + 64 * 4)
+static_assert(TC_END <= GEMV_BAR_OFF, "tensor-core attention smem map");
+
+__device__ __forceinline__ void ldsm_x4(uint32_t a, uint32_t (&r)[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+__device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &L, float *sm,
+                                           unsigned long long *tr)
+{
+    const int T = P.pos + 1;
+    const int s = blockIdx.x;
+    if (s >= P.nsplit)
+        return;
+    const int t0 = s * P.split_len, t1 = min(T, t0 + P.split_len);
+    if (t0 >= t1)
+        return;
+    const float score_scale = 0.07216878364870322f;
+    const uint16_t *ckv = P.ckv[L.slot], *kr = P.krope[L.slot];
+    char *sb = reinterpret_cast<char *>(sm);
+    const uint32_t base = smem_addr(sm);
+    float *sc = reinterpret_cast<float *>(sb + TC_SC);
+    float *redm = reinterpret_cast<float *>(sb + TC_RED), *redl = redm + HDC_WARPS * 32;
+    float *al = reinterpret_cast<float *>(sb + TC_AL), *mrun = al + 32;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+
+    /* the query's three parts, [part][head][576] */
+    for (int i = threadIdx.x; i < 32 * MLA_KV; i += HDC_THREADS) {
+        const int hh = i / MLA_KV, d = i % MLA_KV;
+        const float v = d < 512 ? ldcg(P.ql + hh * 512 + d) : ldcg(P.q + hh * 192 + 128 + (d - 512));
+        const float hi = bfr(v), mid = bfr(v - hi), lo = bfr((v - hi) - mid);
+        uint16_t *q = reinterpret_cast<uint16_t *>(sb + TC_QP + hh * TC_ROW) + d;
+        q[0] = f2bf(hi);
+        q[32 * TC_ROW / 2] = f2bf(mid);
+        q[64 * TC_ROW / 2] = f2bf(lo);
+    }
+    if (threadIdx.x < 32)
+        mrun[threadIdx.x] = -INFINITY;
+    float l_run = 0.0f; /* threads < 32: head tid */
+
+    /* values: this warp's 8 tiles (heads 16 mh .., dimensions 64 dg + 8 n ..) */
+    const int mh = w & 1, dg = w >> 1;
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    /* scores: this warp's tile */
+    const int mt = w >> 2, hn = w & 3;
+    const uint32_t a_sc = base + TC_KC + (16 * mt + (lane & 15)) * TC_ROW + (lane >> 4) * 16;
+    const uint32_t b_sc = base + TC_QP + (8 * hn + (lane & 7)) * TC_ROW + (lane >> 3) * 16;
+    const uint32_t a_pv = base + TC_PP + (16 * mh + (lane & 15)) * TC_PROW + (lane >> 4) * 16;
+    const uint32_t b_pv = base + TC_KC + ((lane & 7) + ((lane >> 3) & 1) * 8) * TC_ROW +
+                          (64 * dg + (lane >> 4) * 8) * 2;
+
+    for (int tb = t0; tb < t1; tb += TC_TB) {
+        const int nt = min(TC_TB, t1 - tb);
+        /* a. the block: 72 pieces of 16 bytes a token; rows past nt zero */
+        for (int i = threadIdx.x; i < TC_TB * 72; i += HDC_THREADS) {
+            const int t = i / 72, pc = i % 72;
+            const int tt = t < nt ? tb + t : tb;
+            const uint16_t *src = pc < 64 ? ckv + (size_t)tt * 512 + pc * 8
+                                          : kr + (size_t)tt * 64 + (pc - 64) * 8;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         : : "r"(base + TC_KC + t * TC_ROW + pc * 16), "l"(src),
+                           "r"(t < nt ? 16 : 0) : "memory");
+        }
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" : : : "memory");
+        __syncthreads();
+        if (tb == t0)
+            trace_mark(tr, 25);
+        /* b. scores of 16 tokens x 8 heads, 36 k-steps x 3 parts */
+        {
+            float d[3][4];
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+                d[p][0] = d[p][1] = d[p][2] = d[p][3] = 0.0f;
+#pragma unroll 2
+            for (int k2 = 0; k2 < MLA_KV / 32; k2++) {
+                uint32_t a0[4], a1[4];
+                ldsm_x4(a_sc + k2 * 64, a0);
+                ldsm_x4(a_sc + k2 * 64 + 32, a1);
+#pragma unroll
+                for (int p = 0; p < 3; p++) {
+                    uint32_t b[4];
+                    ldsm_x4(b_sc + p * 32 * TC_ROW + k2 * 64, b);
+                    mma_bf16(d[p], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+                    mma_bf16(d[p], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int t = 16 * mt + g + (i >> 1) * 8, hh = 8 * hn + 2 * tq + (i & 1);
+                const float v = ((d[0][i] + d[1][i]) + d[2][i]) * score_scale;
+                sc[t * 32 + hh] = t < nt ? v : -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* c. online softmax statistics: thread (q, hh) takes the tokens
+         * q + 16 i of head hh; p into its three bf16 parts [part][head][t] */
+        {
+            const int hh = lane, q = w;
+            float lm = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                lm = fmaxf(lm, sc[(q + 16 * i) * 32 + hh]);
+            redm[q * 32 + hh] = lm;
+            __syncthreads();
+            const float mo = mrun[hh];
+            float mb = mo;
+#pragma unroll 4
+            for (int i = 0; i < HDC_WARPS; i++)
+                mb = fmaxf(mb, redm[i * 32 + hh]);
+            float ps = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int t = q + 16 * i;
+                const float sv = sc[t * 32 + hh];
+                const float p = (mb == -INFINITY || sv == -INFINITY) ? 0.0f : expf(sv - mb);
+                ps += p;
+                const float hi = bfr(p), mid = bfr(p - hi), lo = bfr((p - hi) - mid);
+                uint16_t *pp = reinterpret_cast<uint16_t *>(sb + TC_PP + hh * TC_PROW) + t;
+                pp[0] = f2bf(hi);
+                pp[32 * TC_PROW / 2] = f2bf(mid);
+                pp[64 * TC_PROW / 2] = f2bf(lo);
+            }
+            redl[q * 32 + hh] = ps;
+            if (q == 0)
+                al[hh] = mo == -INFINITY ? 0.0f : expf(mo - mb);
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                float sum = 0.0f;
+#pragma unroll 4
+                for (int i = 0; i < HDC_WARPS; i++)
+                    sum += redl[i * 32 + hh];
+                l_run = l_run * al[hh] + sum;
+                mrun[hh] = mb; /* read again only after the next block's barriers */
+            }
+        }
+        /* d. acc = acc * alpha + p . c */
+        {
+            const float f0 = al[16 * mh + g], f1 = al[16 * mh + g + 8];
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                acc[n][0] *= f0;
+                acc[n][1] *= f0;
+                acc[n][2] *= f1;
+                acc[n][3] *= f1;
+            }
+#pragma unroll
+            for (int kt = 0; kt < TC_TB / 16; kt++) {
+                uint32_t a[3][4];
+#pragma unroll
+                for (int p = 0; p < 3; p++)
+                    ldsm_x4(a_pv + p * 32 * TC_PROW + kt * 32, a[p]);
+#pragma unroll
+                for (int n2 = 0; n2 < 4; n2++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b_pv + kt * 16 * TC_ROW + n2 * 32, b);
+#pragma unroll
+                    for (int p = 0; p < 3; p++) {
+                        mma_bf16(acc[2 * n2], a[p][0], a[p][1], a[p][2], a[p][3], b[0], b[1]);
+                        mma_bf16(acc[2 * n2 + 1], a[p][0], a[p][1], a[p][2], a[p][3], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    trace_mark(tr, 26);
+    float *part = P.parts + (size_t)s * 32 * HDC_PART;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        const int dd = 64 * dg + 8 * n + 2 * tq, h0 = 16 * mh + g;
+        *reinterpret_cast<float2 *>(part + h0 * HDC_PART + dd) = make_float2(acc[n][0], acc[n][1]);
+        *reinterpret_cast<float2 *>(part + (h0 + 8) * HDC_PART + dd) =
+            make_float2(acc[n][2], acc[n][3]);
+    }
+    if (threadIdx.x < 32) {
+        part[threadIdx.x * HDC_PART + 512] = mrun[threadIdx.x];
+        part[threadIdx.x * HDC_PART + 513] = l_run;
+    }
+}
+
 /* Phase 4: per head (32 tasks) merge the splits into lat_h, then
  * o_h = bf(W_v,h^T lat_h): 4 tiles of 32 columns of kv_b, K = 512.
  * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the

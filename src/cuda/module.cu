@@ -266,6 +266,10 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * grid barrier off (for measurements) */
         const char *pr = getenv("HD_CUDA_PRIME");
         p.prime = !(pr && strcmp(pr, "0") == 0);
+        /* HD_CUDA_ATTN=scalar: the attention on CUDA cores instead of
+         * tensor cores (for measurements and as a cross-check) */
+        const char *at = getenv("HD_CUDA_ATTN");
+        p.attn_scalar = at && strcmp(at, "scalar") == 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
