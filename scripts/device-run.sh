@@ -60,7 +60,7 @@ for stage in "$@"; do
     check)
         # The other suites passed here before; the CUDA suite is the one
         # that needs this machine.
-        make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" >"$OUT/check.log" 2>&1
+        timeout 400 make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" >"$OUT/check.log" 2>&1
         rc=$?
         cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
         grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
@@ -69,7 +69,7 @@ for stage in "$@"; do
         ;;
     quick)
         for c in 0 100; do
-            $run --backend cuda --experts 16 --context $c --steps 3 --check 2>&1 | tail -5 | tee -a "$summary"
+            timeout 60 $run --backend cuda --experts 16 --context $c --steps 3 --check 2>&1 | tail -5 | tee -a "$summary"
         done
         ;;
     sanitize)
@@ -81,13 +81,13 @@ for stage in "$@"; do
         done
         ;;
     bench)
-        LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 40 cuda 0 4096 32768 \
+        LD_LIBRARY_PATH=$ld_b timeout 120 $b/tests/.libs/bench_cuda 256 40 cuda 0 4096 32768 \
             >"$OUT/bench.log" 2>&1
         grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
         grep "^phases" "$OUT/bench.log"
         ;;
     trace)
-        HD_CUDA_TRACE=1 LD_LIBRARY_PATH=$ld_b $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
+        HD_CUDA_TRACE=1 LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
             >"$OUT/trace.log" 2>&1
         grep -E "^bench|^phases|^trace|^gemv" "$OUT/trace.log"
         ;;
