@@ -161,10 +161,8 @@ static const vs_case VS[] = {
     {256, 0, 2}, {256, 4096, 2}, {256, 32768, 1},
 };
 
-START_TEST(test_vs_ref)
+static void vs_ref(const vs_case *c, uint32_t seed)
 {
-    const vs_case *c = &VS[_i];
-    const uint32_t seed = 7 + (uint32_t)_i;
     hd_model *ref = tu_synth_ref(seed, c->experts, "KKKM");
     hd_model *cu = synth_cuda(seed, c->experts);
     hd_state *sr = tu_state_new(ref, c->context + c->steps);
@@ -193,6 +191,34 @@ START_TEST(test_vs_ref)
     hd_state_free(sc);
     hd_model_free(ref);
     hd_model_free(cu);
+}
+
+START_TEST(test_vs_ref) { vs_ref(&VS[_i], 7 + (uint32_t)_i); }
+END_TEST
+
+/* The module's other code paths, chosen by environment variables read when
+ * a model is loaded: the tensor-core attention also where the splits are
+ * short (one partial block of 64 tokens, or a single token), the CUDA-core
+ * one also where they are long, and the GEMV ring primed before the grid
+ * barriers. */
+typedef struct vs_env_case {
+    const char *var, *value;
+    vs_case c;
+} vs_env_case;
+
+static const vs_env_case VS_ENV[] = {
+    {"HD_CUDA_ATTN", "tc", {16, 0, 3}},      {"HD_CUDA_ATTN", "tc", {16, 5, 3}},
+    {"HD_CUDA_ATTN", "tc", {64, 129, 2}},    {"HD_CUDA_ATTN", "tc", {64, 1000, 2}},
+    {"HD_CUDA_ATTN", "scalar", {64, 20000, 1}}, {"HD_CUDA_PRIME", "1", {64, 97, 3}},
+};
+
+START_TEST(test_vs_ref_env)
+{
+    const vs_env_case *c = &VS_ENV[_i];
+    printf("%s=%s\n", c->var, c->value);
+    setenv(c->var, c->value, 1);
+    vs_ref(&c->c, 101 + (uint32_t)_i);
+    unsetenv(c->var);
 }
 END_TEST
 
@@ -343,6 +369,7 @@ int main(void)
     tcase_add_test(tc, test_import_export);
     tcase_add_test(tc, test_nonfinite);
     tcase_add_loop_test(tc, test_vs_ref, 0, (int)(sizeof VS / sizeof VS[0]));
+    tcase_add_loop_test(tc, test_vs_ref_env, 0, (int)(sizeof VS_ENV / sizeof VS_ENV[0]));
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

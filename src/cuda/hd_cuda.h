@@ -69,7 +69,8 @@ struct StepParams {
     unsigned *dcnt; /* [144] units done per 16-column block (0 at rest) */
     unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
-    int attn_scalar; /* 1: the attention on CUDA cores (HD_CUDA_ATTN=scalar) */
+    int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores, 0: by
+                      * split length (HD_CUDA_ATTN=scalar|tc) */
     int prime;     /* 1: the next phase's weights stream into shared memory
                     * before each grid barrier where they are known */
     unsigned long long *trace; /* HD_CUDA_TRACE: [grid][32] times of layer 0 */

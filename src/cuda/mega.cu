@@ -12,11 +12,12 @@
  * phase's own *_tiles function (0 maps: nothing to prime). */
 #define PRIME(call)                                                                      \
     do {                                                                                 \
-        MatTile pm_[4];                                                                  \
-        int pnb_, pk_;                                                                   \
-        const int pn_ = call;                                                            \
-        if (P.prime)                                                                     \
+        if (P.prime) {                                                                   \
+            MatTile pm_[4];                                                              \
+            int pnb_, pk_;                                                               \
+            const int pn_ = call;                                                        \
             gemv_prime(pm_, pn_, pnb_, pk_);                                             \
+        }                                                                                \
     } while (0)
 
 __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
-            if (P.attn_scalar)
+            if (P.attn_scalar > 0 || (P.attn_scalar == 0 && P.split_len <= 64))
                 mla_attend(P, L, sm, tm);
             else
                 mla_attend_tc(P, L, sm, tm);

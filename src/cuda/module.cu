@@ -262,14 +262,18 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * the small loads of each phase's start (measured: docs/PERF-CUDA.md) */
         const char *pf = getenv("HD_CUDA_PREFETCH");
         p.prefetch = pf && strcmp(pf, "1") == 0;
-        /* HD_CUDA_PRIME=0 turns the priming of the GEMV ring before each
-         * grid barrier off (for measurements) */
+        /* HD_CUDA_PRIME=1 primes the GEMV ring with the next phase's
+         * weights before each grid barrier where they are known: measured
+         * slower (device call 5 of 2026-12-03: 555 against 532 us at
+         * context 4096), so off by default */
         const char *pr = getenv("HD_CUDA_PRIME");
-        p.prime = !(pr && strcmp(pr, "0") == 0);
-        /* HD_CUDA_ATTN=scalar: the attention on CUDA cores instead of
-         * tensor cores (for measurements and as a cross-check) */
+        p.prime = pr && strcmp(pr, "1") == 0;
+        /* The attention runs on tensor cores when a split has more than 64
+         * tokens (context 32768: 66 against 141 us), on CUDA cores below
+         * (one block of 32 tokens: 27 against 33 us); HD_CUDA_ATTN=scalar
+         * or =tc forces one (measurements, cross-checks) */
         const char *at = getenv("HD_CUDA_ATTN");
-        p.attn_scalar = at && strcmp(at, "scalar") == 0;
+        p.attn_scalar = at && strcmp(at, "scalar") == 0 ? 1 : at && strcmp(at, "tc") == 0 ? -1 : 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
