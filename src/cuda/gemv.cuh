@@ -251,7 +251,9 @@ __device__ __forceinline__ void ring_put(const MatTile *tl, int b, int NB, int K
                                          volatile int *seq, int sl, unsigned long long pol)
 {
     const int j = b / NB;
-    seq[sl] = b;
+    /* an atomic store and atomic reads: the flag is polled (and racecheck
+     * counts plain accesses to it as a race) */
+    atomicExch(const_cast<int *>(seq) + sl, b);
     gtr_mark(0, b);
     ring_issue(tl[j], (tl[j].n0 >> 4) + b % NB, KU, ring + sl * slot_bytes, full + sl * 8, pol);
 }
@@ -411,8 +413,10 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
         const bool has_x = lane < tl[j].xl;
         const uint32_t sw = ring + sl * slot_bytes, sz = sw + wbytes;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        while (seq[sl] != jb)
-            ;
+        if (lane == 0)
+            while (atomicAdd(const_cast<int *>(seq) + sl, 0) != jb)
+                ;
+        __syncwarp();
         mbar_wait(full + sl * 8, ph);
         if (lane == 0 && si == S - 1)
             gtr_mark(1, jb);
