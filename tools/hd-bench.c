@@ -11,7 +11,9 @@
  *
  * GEMV mode (--gemv, CPU backend): the four int4 shapes of a step, each
  * with its weights cold (rotating through >= 512 MiB of copies), against a
- * plain read of the same bytes with the same threads.
+ * plain read of the same bytes with the same threads; x exactly bf16 (the
+ * normed inputs), or with --x32 fp32 (the expert down and W_v inputs),
+ * which adds W_v's shape.
  *
  * A benchmark, not a test: it asserts nothing about times.
  */
@@ -38,7 +40,7 @@ typedef struct bench_config {
     int experts;
     size_t context;
     int steps, warmup, threads;
-    int json, gemv;
+    int json, gemv, x32;
 } bench_config;
 
 static double now_s(void)
@@ -74,6 +76,9 @@ static void usage(FILE *f)
         "  --threads N     CPU threads, 0 = OMP_NUM_THREADS or all cores (default 0)\n"
         "  --gemv          cold GEMV microbenchmark of the four int4 shapes against\n"
         "                  a plain read of the same bytes (CPU backend)\n"
+        "  --x32           with --gemv: x fp32, not bf16 (the expert down and W_v\n"
+        "                  inputs), and W_v's shape (32 x 512 x 128 as 512 x 4096) too;\n"
+        "                  on avx512bf16 through the three-part kernel (off in steps)\n"
         "  --json          print one JSON object instead of the table\n"
         "  -h, --help      this help\n");
 }
@@ -93,7 +98,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 static int parse_args(int argc, char **argv, bench_config *c)
 {
     enum { O_BACKEND = 256, O_EXPERTS, O_CONTEXT, O_STEPS, O_WARMUP, O_THREADS,
-           O_JSON, O_GEMV };
+           O_JSON, O_GEMV, O_X32 };
     static const struct option opts[] = {
         {"backend", required_argument, NULL, O_BACKEND},
         {"experts", required_argument, NULL, O_EXPERTS},
@@ -103,6 +108,7 @@ static int parse_args(int argc, char **argv, bench_config *c)
         {"threads", required_argument, NULL, O_THREADS},
         {"json", no_argument, NULL, O_JSON},
         {"gemv", no_argument, NULL, O_GEMV},
+        {"x32", no_argument, NULL, O_X32},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     long v;
@@ -113,7 +119,7 @@ static int parse_args(int argc, char **argv, bench_config *c)
     c->steps = 20;
     c->warmup = 3;
     c->threads = 0;
-    c->json = c->gemv = 0;
+    c->json = c->gemv = c->x32 = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case O_BACKEND:
@@ -150,6 +156,9 @@ static int parse_args(int argc, char **argv, bench_config *c)
             break;
         case O_GEMV:
             c->gemv = 1;
+            break;
+        case O_X32:
+            c->x32 = 1;
             break;
         case 'h':
             usage(stdout);
@@ -280,25 +289,41 @@ static uint64_t read_range(const uint64_t *p, size_t n)
 
 static int run_gemv(const bench_config *c)
 {
-    static const int shapes[4][2] = { { 4096, 2304 }, { 2304, 4096 },
-                                      { 1024, 2304 }, { 2304, 1024 } };
+    static const int shapes[5][2] = { { 4096, 2304 }, { 2304, 4096 },
+                                      { 1024, 2304 }, { 2304, 1024 },
+                                      { 512, 4096 } };
+    const int n_shapes = c->x32 ? 5 : 4;
     cpu_isa isa;
     char err[256];
     const cpu_kernels *kern;
+    cpu_kernels kx;
+    int x3 = 0;
     int threads;
     double bw = 0;
-    double ratio[4], g_us[4], r_us[4];
-    size_t bytes_of[4];
-    int copies_of[4];
+    double ratio[5], g_us[5], r_us[5];
+    size_t bytes_of[5];
+    int copies_of[5];
 
     if (cpu_choose_isa(&isa, err, sizeof err) != HD_OK) {
         fprintf(stderr, "hd-bench: %s\n", err);
         return 1;
     }
     kern = cpu_kernels_for(isa);
+#ifdef HD_CPU_HAVE_AVX512BF16
+    /* --x32 on avx512bf16: the three-part kernel, which the step leaves
+     * off (cpu_kern_avx512.c), so that it can be measured */
+    if (c->x32 && isa == CPU_ISA_AVX512BF16 && !kern->gemv_pairs_bf16x3) {
+        kx = *kern;
+        kx.gemv_pairs_bf16x3 = cpu_avx512bf16_gemv_pairs_x3;
+        kern = &kx;
+    }
+#else
+    (void)kx;
+#endif
+    x3 = c->x32 && kern->gemv_pairs_bf16x3 != NULL;
     threads = cpu_resolve_threads(c->threads);
     hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
-    for (int sh = 0; sh < 4; sh++) {
+    for (int sh = 0; sh < n_shapes; sh++) {
         const int K = shapes[sh][0], N = shapes[sh][1];
         cpu_qmat proto;
         uint8_t *w_q = malloc((size_t)K / 2 * (size_t)N);
@@ -306,9 +331,11 @@ static int run_gemv(const bench_config *c)
         uint16_t *ze = malloc((size_t)K / 128 * (size_t)N * 2);
         float *x = malloc((size_t)K * sizeof(float)), *y = malloc((size_t)N * sizeof(float));
         /* x's bf16 words too: x is exactly bf16 (below), as a step's
-         * normed inputs are, so kernels with a bf16 GEMV use it */
+         * normed inputs are, so kernels with a bf16 GEMV use it; with
+         * --x32 x is fp32 (24 significant bits), as the down and W_v
+         * inputs are, and has room for its three bf16 parts */
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
-                      malloc((size_t)K * sizeof(uint16_t)), K, 0 };
+                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 1, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;
@@ -329,7 +356,8 @@ static int run_gemv(const bench_config *c)
             ze[i] = hd_f32_to_bf16(7.0f + 0.5f * (float)(rng_next(&rng) & 3));
         }
         for (int i = 0; i < K; i++)
-            x[i] = (float)((int)(rng_next(&rng) & 255) - 128) / 64.0f;
+            x[i] = c->x32 ? (float)((int)(rng_next(&rng) & 0xffffff) - 0x800000) / 0x400000
+                          : (float)((int)(rng_next(&rng) & 255) - 128) / 64.0f;
         cpu_prepare_x(x, K, &xq);
         cpu_repack_raw(&proto, 0, w_q, sc, ze);
         per = proto.member_tiles * CPU_TILE_BYTES;
@@ -419,20 +447,24 @@ static int run_gemv(const bench_config *c)
         hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw1);
         if (c->json) {
             printf("{\"mode\": \"gemv\", \"backend\": \"cpu\", \"isa\": \"%s\", \"threads\": %d, "
-                   "\"membw_before_GBps\": %.2f, \"membw_after_GBps\": %.2f, \"shapes\": [",
-                   kern->name, threads, bw / 1e9, bw1 / 1e9);
-            for (int sh = 0; sh < 4; sh++)
+                   "\"x\": \"%s\", \"x3\": %d, \"membw_before_GBps\": %.2f, "
+                   "\"membw_after_GBps\": %.2f, \"shapes\": [", kern->name, threads,
+                   c->x32 ? "fp32" : "bf16", x3,
+                   bw / 1e9, bw1 / 1e9);
+            for (int sh = 0; sh < n_shapes; sh++)
                 printf("%s{\"k\": %d, \"n\": %d, \"bytes\": %zu, \"copies\": %d, "
                        "\"gemv_us\": %.1f, \"read_us\": %.1f, \"ratio\": %.3f}",
                        sh ? ", " : "", shapes[sh][0], shapes[sh][1], bytes_of[sh],
                        copies_of[sh], g_us[sh], r_us[sh], ratio[sh]);
             printf("]}\n");
         } else {
-            printf("cold int4 GEMV, cpu (%s, %d threads); read bandwidth %.1f GB/s before, %.1f after\n",
-                   kern->name, threads, bw / 1e9, bw1 / 1e9);
+            printf("cold int4 GEMV, cpu (%s, %d threads, x %s); read bandwidth %.1f GB/s "
+                   "before, %.1f after\n", kern->name, threads,
+                   x3 ? "fp32 in 3 bf16 parts" : c->x32 ? "fp32" : "bf16",
+                   bw / 1e9, bw1 / 1e9);
             printf("%-12s %10s %8s %11s %11s %10s %7s\n", "K x N", "bytes", "copies",
                    "gemv us", "read us", "gemv GB/s", "ratio");
-            for (int sh = 0; sh < 4; sh++)
+            for (int sh = 0; sh < n_shapes; sh++)
                 printf("%4d x %-5d %10zu %8d %11.1f %11.1f %10.1f %7.2f\n", shapes[sh][0],
                        shapes[sh][1], bytes_of[sh], copies_of[sh], g_us[sh], r_us[sh],
                        (double)bytes_of[sh] / g_us[sh] / 1e3, ratio[sh]);

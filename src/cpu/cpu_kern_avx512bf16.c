@@ -1,5 +1,6 @@
 /* cpu_kern_avx512bf16.c - the int4 GEMV with AVX512_BF16 (vdpbf16ps), for
- * an x that is exactly bf16 (cpu_xq.bf16); built with -mavx512bf16 on top
+ * an x that is exactly bf16 (cpu_xq.bf16), and one for an fp32 x split
+ * into three exact bf16 parts (cpu_xq.bf16x3, at the end); built with -mavx512bf16 on top
  * of the AVX-512 flags into its own convenience library, called only
  * after cpuid/xgetbv said the CPU has AVX512_BF16 (cpu_isa.c).
  *
@@ -203,5 +204,147 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         }
         y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
         y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
+    }
+}
+
+
+/* ---- fp32 x as three exact bf16 parts (cpu_xq.bf16x3) ----
+ *
+ * x = hi + mid + lo exactly (cpu_prepare_x), and each product of an exact
+ * bf16 weight with a bf16 part is exact in fp32: three vdpbf16ps per
+ * weight vector instead of one, the sums fp32, nothing rounded but the
+ * sums, as in the fp32 kernel.  hi goes to one accumulator per column
+ * half, mid and lo (2^-8 and 2^-16 of it) to another, added at the end:
+ * two dependency chains of 4 and 8 vdpbf16ps per tile, not one of 12.
+ * The same subnormal-weight tiles go through fp32 FMAs (fma8, each part:
+ * a product of a bf16 weight with a bf16 part is exact in fp32 there
+ * too, subnormals included).  As in the one-part kernel, a product below
+ * 2^-126 in a vdpbf16ps tile is flushed (at most 2^-126 each; lo is 2^-16
+ * of x, so this needs |w x| below about 2^-110).
+ *
+ * Not switched on (cpu_kern_avx512.c): 12 vdpbf16ps per 64 weights are
+ * as much work for the FMA pipes of Zen 4 as the fp32 kernel's 4 zmm FMAs
+ * plus widening; measured, it is a few percent faster with one thread and
+ * slower with two (docs/PERFORMANCE.md). */
+
+/* The accumulators of one tile column pair: h* for hi, l* for mid and lo;
+ * *0, *1 column A, *2, *3 column B.  Passed and returned by value, so that
+ * they stay in registers. */
+typedef struct acc3 {
+    __m256 h0, h1, h2, h3, l0, l1, l2, l3;
+} acc3;
+
+/* The four chunks of a tile for the three parts at xg, xg + xs, xg + 2 xs. */
+static inline __attribute__((always_inline)) acc3
+tile_chunks3(const uint8_t *t, const uint16_t *xg, size_t xs, __m256i TA, __m256i TB,
+             int dot, acc3 a)
+{
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *c = t + 32 * i;
+        const uint16_t *xh = xg + 32 * i, *xm = xh + xs, *xl = xm + xs;
+        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
+        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
+        __m256i wal = _mm256_permutexvar_epi16(pa, TA);
+        __m256i wah = _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA);
+        __m256i wbl = _mm256_permutexvar_epi16(pb, TB);
+        __m256i wbh = _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB);
+        if (dot) {
+            a.h0 = dp8(a.h0, wal, xh);
+            a.h1 = dp8(a.h1, wah, xh + 16);
+            a.h2 = dp8(a.h2, wbl, xh);
+            a.h3 = dp8(a.h3, wbh, xh + 16);
+            a.l0 = dp8(dp8(a.l0, wal, xm), wal, xl);
+            a.l1 = dp8(dp8(a.l1, wah, xm + 16), wah, xl + 16);
+            a.l2 = dp8(dp8(a.l2, wbl, xm), wbl, xl);
+            a.l3 = dp8(dp8(a.l3, wbh, xm + 16), wbh, xl + 16);
+        } else {
+            a.h0 = fma8(a.h0, wal, xh);
+            a.h1 = fma8(a.h1, wah, xh + 16);
+            a.h2 = fma8(a.h2, wbl, xh);
+            a.h3 = fma8(a.h3, wbh, xh + 16);
+            a.l0 = fma8(fma8(a.l0, wal, xm), wal, xl);
+            a.l1 = fma8(fma8(a.l1, wah, xm + 16), wah, xl + 16);
+            a.l2 = fma8(fma8(a.l2, wbl, xm), wbl, xl);
+            a.l3 = fma8(fma8(a.l3, wbh, xm + 16), wbh, xl + 16);
+        }
+    }
+    return a;
+}
+
+/* A tile whose weights may be subnormal: tile_table and fp32 FMAs.  Out
+ * of line: inlined, its loads of x were merged with the hot path's and
+ * hoisted above the test, spilling most of them. */
+static __attribute__((noinline, cold)) acc3
+tile_fp32_3(const uint8_t *t, const uint16_t *xg, size_t xs, acc3 a)
+{
+    const __m512i T = tile_table(t);
+    return tile_chunks3(t, xg, xs, _mm512_castsi512_si256(T),
+                        _mm512_extracti64x4_epi64(T, 1), 0, a);
+}
+
+/* tile_ymm for the three parts. */
+static inline __attribute__((always_inline)) acc3
+tile_ymm3(const uint8_t *t, const uint16_t *xg, size_t xs, acc3 a)
+{
+    uint16_t sz[4];
+    memcpy(sz, t + CPU_TILE_W, 8);
+    if (__builtin_expect(!(table_normal(sz[0], sz[2]) & table_normal(sz[1], sz[3])), 0))
+        return tile_fp32_3(t, xg, xs, a);
+    const __m512i T = tile_table_bf16(t);
+    return tile_chunks3(t, xg, xs, _mm512_castsi512_si256(T),
+                        _mm512_extracti64x4_epi64(T, 1), 1, a);
+}
+
+static inline acc3 acc3_zero(void)
+{
+    const __m256 z = _mm256_setzero_ps();
+    acc3 a = { z, z, z, z, z, z, z, z };
+    return a;
+}
+
+/* Column A's sum and column B's. */
+static inline void store_pair3(float *y, acc3 a)
+{
+    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h0, a.h1), _mm256_add_ps(a.l0, a.l1)));
+    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h2, a.h3), _mm256_add_ps(a.l2, a.l3)));
+}
+
+/* Columns of pairs [p0, p1) times x's three parts x3 [3k], two pairs per
+ * pass. */
+void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
+                                  int groups, const uint16_t *x3, float *y)
+{
+    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
+    const size_t xs = (size_t)groups * CPU_GROUP;
+    int p = p0;
+    for (; p + 2 <= p1; p += 2) {
+        const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
+        const char *pf = (const char *)ta + PF_AHEAD;
+        acc3 a = acc3_zero(), b = acc3_zero();
+        for (int g = 0; g < groups; g++) {
+            const uint16_t *xg = x3 + (size_t)g * CPU_GROUP;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 192, _MM_HINT_T0);
+            _mm_prefetch(pf + 256, _MM_HINT_T0);
+            pf += 2 * CPU_TILE_BYTES;
+            a = tile_ymm3(ta + (size_t)g * CPU_TILE_BYTES, xg, xs, a);
+            b = tile_ymm3(tb + (size_t)g * CPU_TILE_BYTES, xg, xs, b);
+        }
+        store_pair3(y + 2 * p, a);
+        store_pair3(y + 2 * p + 2, b);
+    }
+    if (p < p1) {
+        const uint8_t *ta = tiles + (size_t)p * ps;
+        acc3 a = acc3_zero();
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
+            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+            a = tile_ymm3(t, x3 + (size_t)g * CPU_GROUP, xs, a);
+        }
+        store_pair3(y + 2 * p, a);
     }
 }
