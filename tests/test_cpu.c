@@ -381,6 +381,43 @@ static void check_close(const float *y, const double *ref, const double *mag,
                       (double)y[n], ref[n], mag[n]);
 }
 
+/* Random int4 weights, K x N: bytes; scales 2^-12 .. 2^-4 and zero points
+ * 0 .. 15.5 (ties in bf rounding).  With `subnormal`, every third column's
+ * scales are 2^-126 .. 2^-124 (subnormal weights), with `z_nonzero` also
+ * its zero points not 0. */
+static void rand_qweights(uint32_t *r, int K, int N, int subnormal, int z_nonzero,
+                          uint8_t *w_q, uint16_t *sc, uint16_t *ze)
+{
+    for (size_t i = 0; i < (size_t)K / 2 * N; i++)
+        w_q[i] = (uint8_t)lcg(r);
+    for (size_t i = 0; i < (size_t)K / 128 * N; i++) {
+        sc[i] = (uint16_t)(((127 - 12 + (int)(lcg(r) % 9)) << 7) | (lcg(r) & 127));
+        ze[i] = hd_f32_to_bf16(0.5f * (float)(lcg(r) % 32));
+        if (subnormal && i % N % 3 == 0) {
+            sc[i] = (uint16_t)((1 + (int)(lcg(r) % 3)) << 7 | (lcg(r) & 127));
+            if (z_nonzero)
+                ze[i] = hd_f32_to_bf16(0.5f * (float)(1 + lcg(r) % 31));
+        }
+    }
+}
+
+/* The P pairs of m times x through kern against ref; then the pairs
+ * [1, P - 1) alone, which must leave the outer columns untouched. */
+static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P,
+                               const cpu_xq *xq, float *y, const double *ref,
+                               const double *mag, int N, const char *what)
+{
+    memset(y, 0, (size_t)N * 4);
+    cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, xq, y);
+    check_close(y, ref, mag, N, what);
+    if (P >= 3) {
+        memset(y, 0, (size_t)N * 4);
+        cpu_gemv_pairs(kern, m->tiles, 1, P - 1, m->groups, xq, y);
+        ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
+        check_close(y + 2, ref + 2, mag + 2, N - 4, what);
+    }
+}
+
 /* The path choice of cpu_prepare_x and cpu_gemv_pairs: a bf16-exact x
  * goes through x's bf16 words (the floats are poisoned to prove it) and
  * matches the exact sum; an x that is not (one low bit set, a subnormal)
@@ -423,15 +460,7 @@ START_TEST(test_bf16_gemv)
         cpu_qmat m;
         char what[96];
 
-        for (size_t i = 0; i < (size_t)K / 2 * N; i++)
-            w_q[i] = (uint8_t)lcg(&r);
-        for (size_t i = 0; i < (size_t)K / 128 * N; i++) {
-            /* scales 2^-12 .. 2^-4, zeros 0 .. 15.5: ties in bf rounding */
-            sc[i] = (uint16_t)(((127 - 12 + (int)(lcg(&r) % 9)) << 7) | (lcg(&r) & 127));
-            ze[i] = hd_f32_to_bf16(0.5f * (float)(lcg(&r) % 32));
-            if (sh == n_shapes - 1 && i % N % 3 == 0)   /* 2^-126 .. 2^-124 */
-                sc[i] = (uint16_t)((1 + (int)(lcg(&r) % 3)) << 7 | (lcg(&r) & 127));
-        }
+        rand_qweights(&r, K, N, sh == n_shapes - 1, 0, w_q, sc, ze);
         for (int k = 0; k < K; k++)     /* bf16, signed, 2^-8 .. 2^4 */
             x[k] = hd_bf(((float)(lcg(&r) % 65536) / 32768.0f - 1.0f) *
                          ldexpf(1.0f, (int)(lcg(&r) % 13) - 8));
@@ -446,16 +475,8 @@ START_TEST(test_bf16_gemv)
         ck_assert_int_eq(xq.bf16, 1);
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
-        memset(y, 0, (size_t)N * 4);
-        cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, &xq, y);
         snprintf(what, sizeof what, "bf16 x, K %d N %d", K, N);
-        check_close(y, ref, mag, N, what);
-        if (P >= 3) {
-            memset(y, 0, (size_t)N * 4);
-            cpu_gemv_pairs(kb, m.tiles, 1, P - 1, m.groups, &xq, y);
-            ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
-            check_close(y + 2, ref + 2, mag + 2, N - 4, what);
-        }
+        check_pairs_ranges(kb, &m, P, &xq, y, ref, mag, N, what);
 
         /* not bf16 (one fp32 ulp on one x; then a subnormal): the fp32
          * kernel, the same bits as avx512's */
@@ -559,22 +580,12 @@ START_TEST(test_bf16x3_gemv)
         cpu_qmat m;
         char what[96];
 
-        for (size_t i = 0; i < (size_t)K / 2 * N; i++)
-            w_q[i] = (uint8_t)lcg(&r);
-        for (size_t i = 0; i < (size_t)K / 128 * N; i++) {
-            sc[i] = (uint16_t)(((127 - 12 + (int)(lcg(&r) % 9)) << 7) | (lcg(&r) & 127));
-            ze[i] = hd_f32_to_bf16(0.5f * (float)(lcg(&r) % 32));
-            /* subnormal weights; a zero point that is not 0, so that
-             * every such tile is one of the kernel's fp32 tiles (with z 0
-             * the weights are normal, the tile a vdpbf16ps one, and its
-             * products with the parts, below 2^-126, flushed: the
-             * documented error, at most 2^-126 each, which is not what
-             * this column is for) */
-            if (sh == n_shapes - 1 && i % N % 3 == 0) {
-                sc[i] = (uint16_t)((1 + (int)(lcg(&r) % 3)) << 7 | (lcg(&r) & 127));
-                ze[i] = hd_f32_to_bf16(0.5f * (float)(1 + lcg(&r) % 31));
-            }
-        }
+        /* subnormal weights; a zero point that is not 0, so that every
+         * such tile is one of the kernel's fp32 tiles (with z 0 the weights
+         * are normal, the tile a vdpbf16ps one, and its products with the
+         * parts, below 2^-126, flushed: the documented error, at most
+         * 2^-126 each, which is not what this column is for) */
+        rand_qweights(&r, K, N, sh == n_shapes - 1, 1, w_q, sc, ze);
         /* fp32, 24 significant bits, signed, 2^-8 .. 2^4; zeros, a bf16
          * value, values of two parts, and small ones whose lo is near
          * 2^-126 but normal */
@@ -603,16 +614,8 @@ START_TEST(test_bf16x3_gemv)
         }
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
-        memset(y, 0, (size_t)N * 4);
-        cpu_gemv_pairs(&kx, m.tiles, 0, P, m.groups, &xq, y);
         snprintf(what, sizeof what, "fp32 x (3 parts), K %d N %d", K, N);
-        check_close(y, ref, mag, N, what);
-        if (P >= 3) {
-            memset(y, 0, (size_t)N * 4);
-            cpu_gemv_pairs(&kx, m.tiles, 1, P - 1, m.groups, &xq, y);
-            ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
-            check_close(y + 2, ref + 2, mag + 2, N - 4, what);
-        }
+        check_pairs_ranges(&kx, &m, P, &xq, y, ref, mag, N, what);
 
         /* one nonzero x with three nonzero parts: each output is w x
          * rounded once or twice (hi, then mid + lo, then their sum) */

@@ -57,10 +57,6 @@ static void isa_vsincos(const float *a, float *s, float *c, int n)
 #define GVW 16
 #include "cpu_kern_generic.h"
 
-/* Prefetch distances: those of the AVX2 kernel (cpu_kern_avx2.c). */
-#define PF_AHEAD 4096
-#define PF_BYTES 1024
-
 /* Word w of the permuted nibble bytes: column c = (w >> 3) & 1 and input
  * k = 2 (d & 3) + (d >> 3) + 8 (w & 1), d = w >> 1, i.e. byte 16 c + k of
  * the 32-byte chunk; so that the even words of the looked-up weights meet
@@ -132,12 +128,7 @@ static void avx512_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
             const uint8_t *u = tb + (size_t)g * CPU_TILE_BYTES;
             const float *xg = xd + (size_t)g * 2 * CPU_GROUP;
             __m512i Ta, Tb;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 192, _MM_HINT_T0);
-            _mm_prefetch(pf + 256, _MM_HINT_T0);
-            pf += 2 * CPU_TILE_BYTES;
+            pf = pf_pass_step(pf);
             Ta = tile_table(t);
             Tb = tile_table(u);
             for (int i = 0; i < 4; i++) {
@@ -156,8 +147,7 @@ static void avx512_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
             const float *xg = xd + (size_t)g * 2 * CPU_GROUP;
             __m512i T;
-            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+            pf_tail_step(t);
             T = tile_table(t);
             for (int i = 0; i < 4; i++)
                 chunk(t + 32 * i, T, xg + 64 * i, &a0, &a1, &a2, &a3);

@@ -10,6 +10,30 @@
 
 #include "cpu.h"
 
+/* Prefetch distances: those of the AVX2 kernel (cpu_kern_avx2.c).  A pass
+ * over two pairs prefetches the bytes PF_AHEAD past its start, linearly
+ * (pf_pass_step, once per group: the pass covers 2 * CPU_TILE_BYTES a
+ * group); the one-pair tail prefetches PF_BYTES ahead along its stream
+ * (pf_tail_step). */
+#define PF_AHEAD 4096
+#define PF_BYTES 1024
+
+static inline const char *pf_pass_step(const char *pf)
+{
+    _mm_prefetch(pf, _MM_HINT_T0);
+    _mm_prefetch(pf + 64, _MM_HINT_T0);
+    _mm_prefetch(pf + 128, _MM_HINT_T0);
+    _mm_prefetch(pf + 192, _MM_HINT_T0);
+    _mm_prefetch(pf + 256, _MM_HINT_T0);
+    return pf + 2 * CPU_TILE_BYTES;
+}
+
+static inline void pf_tail_step(const uint8_t *t)
+{
+    _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
+    _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+}
+
 /* (v - z) * s rounded to bf16, in the high half of each dword: u + 0x8000,
  * less one on an exact tie whose bit 16 is clear (round to nearest even,
  * as tile_tables of cpu_kern_avx2.c). */

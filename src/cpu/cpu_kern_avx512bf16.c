@@ -36,10 +36,6 @@
 #include "cpu.h"
 #include "cpu_kern_avx512.h"
 
-/* Prefetch distances: those of the fp32 kernels (cpu_kern_avx2.c). */
-#define PF_AHEAD 4096
-#define PF_BYTES 1024
-
 /* The tile's table (tile_table's words) with vcvtne2ps2bf16, which rounds
  * fp32 to bf16 to nearest even in one instruction, as hd_f32_to_bf16 does
  * (NaN quieted alike), but flushes a subnormal fp32 value to zero; so it
@@ -178,12 +174,7 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
             const uint16_t *xg = xb + (size_t)g * CPU_GROUP;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 192, _MM_HINT_T0);
-            _mm_prefetch(pf + 256, _MM_HINT_T0);
-            pf += 2 * CPU_TILE_BYTES;
+            pf = pf_pass_step(pf);
             tile_ymm(ta + (size_t)g * CPU_TILE_BYTES, xg, &a0, &a1, &a2, &a3);
             tile_ymm(tb + (size_t)g * CPU_TILE_BYTES, xg, &b0, &b1, &b2, &b3);
         }
@@ -198,8 +189,7 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
-            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+            pf_tail_step(t);
             tile_ymm(t, xb + (size_t)g * CPU_GROUP, &a0, &a1, &a2, &a3);
         }
         y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
@@ -324,12 +314,7 @@ void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
         acc3 a = acc3_zero(), b = acc3_zero();
         for (int g = 0; g < groups; g++) {
             const uint16_t *xg = x3 + (size_t)g * CPU_GROUP;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 192, _MM_HINT_T0);
-            _mm_prefetch(pf + 256, _MM_HINT_T0);
-            pf += 2 * CPU_TILE_BYTES;
+            pf = pf_pass_step(pf);
             a = tile_ymm3(ta + (size_t)g * CPU_TILE_BYTES, xg, xs, a);
             b = tile_ymm3(tb + (size_t)g * CPU_TILE_BYTES, xg, xs, b);
         }
@@ -341,8 +326,7 @@ void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
         acc3 a = acc3_zero();
         for (int g = 0; g < groups; g++) {
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
-            _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
+            pf_tail_step(t);
             a = tile_ymm3(t, x3 + (size_t)g * CPU_GROUP, xs, a);
         }
         store_pair3(y + 2 * p, a);

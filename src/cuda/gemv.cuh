@@ -258,25 +258,48 @@ __device__ __forceinline__ void ring_put(const MatTile *tl, int b, int NB, int K
     ring_issue(tl[j], (tl[j].n0 >> 4) + b % NB, KU, ring + sl * slot_bytes, full + sl * 8, pol);
 }
 
+/* Where the ring's parts lie in shared memory: the slots, their "full" and
+ * "empty" mbarriers (shared-window addresses), the call's tiles (for the
+ * issuers), the block each slot holds or awaits (seq), the warps done with
+ * each slot (cnt, cumulative over the call), and the primed record
+ * {primed, nm, NB, K} (gemv_prime). */
+struct RingCtl {
+    uint32_t ring, full, empty;
+    MatTile *tl;
+    volatile int *seq;
+    int *cnt, *prm;
+};
+
+__device__ __forceinline__ RingCtl ring_ctl()
+{
+    extern __shared__ float4 smem4[];
+    char *b = reinterpret_cast<char *>(smem4);
+    int *ints = reinterpret_cast<int *>(b + GEMV_SEQ_OFF);
+    RingCtl c;
+    c.ring = smem_addr(smem4) + GEMV_RING_OFF;
+    c.full = smem_addr(smem4) + GEMV_BAR_OFF;
+    c.empty = c.full + GEMV_RING_SLOTS * 8;
+    c.tl = reinterpret_cast<MatTile *>(b + GEMV_TILE_OFF);
+    c.seq = ints;
+    c.cnt = ints + GEMV_RING_SLOTS;
+    c.prm = ints + 2 * GEMV_RING_SLOTS;
+    return c;
+}
+
 /* Set the ring up for a call (every thread calls; ends with
  * __syncthreads): the tiles into shared memory (for the issuers; the
  * caller's array is in local memory), the barriers and counters, and the
  * first ns blocks issued. */
 __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
 {
-    extern __shared__ float4 smem4[];
     const int NJB = nm * NB, KU = K / 64;
-    const uint32_t base = smem_addr(smem4);
-    const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
-                   empty = full + GEMV_RING_SLOTS * 8;
+    const RingCtl c = ring_ctl();
+    const uint32_t full = c.full, empty = c.empty;
+    MatTile *tl = c.tl;
+    int *cnt = c.cnt;
     uint32_t slot_bytes;
     const int ns = ring_slots(K, NJB, slot_bytes);
     const int S = gemv_split(NJB, KU, ns);
-    MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
-    volatile int *seq = reinterpret_cast<volatile int *>(reinterpret_cast<char *>(smem4) +
-                                                         GEMV_SEQ_OFF);
-    int *cnt = reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
-               GEMV_RING_SLOTS;
     const unsigned long long pol = evict_first_policy();
     /* (Issuing a phase's first blocks before its RMSNorm or B
      * fragments was measured slower: the bulk copies queue ahead of those
@@ -297,7 +320,7 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
     __syncthreads();
     if (threadIdx.x == 0)
         for (int i = 0; i < ns; i++)
-            ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);
+            ring_put(tl, i, NB, KU, c.ring, slot_bytes, full, c.seq, i, pol);
     __syncthreads(); /* seq[] of the first blocks */
 }
 
@@ -308,13 +331,11 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
  * call may touch the ring's bytes.  Every thread calls. */
 __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int K)
 {
-    extern __shared__ float4 smem4[];
     if (nm == 0)
         return;
     gemv_setup(m, nm, NB, K);
     if (threadIdx.x == 0) {
-        int *prm = reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
-                   2 * GEMV_RING_SLOTS;
+        int *prm = ring_ctl().prm;
         prm[0] = 1;
         prm[1] = nm;
         prm[2] = NB;
@@ -328,10 +349,8 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
  * follow before the first GEMV. */
 __device__ __forceinline__ void gemv_reset()
 {
-    extern __shared__ float4 smem4[];
     if (threadIdx.x == 0)
-        (reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
-         2 * GEMV_RING_SLOTS)[0] = 0;
+        ring_ctl().prm[0] = 0;
 }
 
 __device__ __forceinline__ const uint2 *sm_xb()
@@ -359,30 +378,26 @@ __device__ __forceinline__ const uint2 *sm_xb()
 __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
                                       float *red, float *out)
 {
-    extern __shared__ float4 smem4[];
     const int NJB = nm * NB, KU = K / 64;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
-    const uint32_t base = smem_addr(smem4);
-    const uint32_t ring = base + GEMV_RING_OFF, full = base + GEMV_BAR_OFF,
-                   empty = full + GEMV_RING_SLOTS * 8;
+    const RingCtl c = ring_ctl();
+    const uint32_t ring = c.ring, full = c.full, empty = c.empty;
+    MatTile *tl = c.tl;
+    volatile int *seq = c.seq;
+    int *cnt = c.cnt;
     const uint32_t wbytes = (uint32_t)KU * 512u;
     uint32_t slot_bytes;
     const int ns = ring_slots(K, NJB, slot_bytes);
     const int S = gemv_split(NJB, KU, ns), G = HDC_WARPS / S;
     const int gi = w / S, si = w % S;
     const int u0 = si * KU / S, u1 = (si + 1) * KU / S;
-    MatTile *tl = reinterpret_cast<MatTile *>(reinterpret_cast<char *>(smem4) + GEMV_TILE_OFF);
-    volatile int *seq = reinterpret_cast<volatile int *>(reinterpret_cast<char *>(smem4) +
-                                                         GEMV_SEQ_OFF);
-    int *cnt = reinterpret_cast<int *>(reinterpret_cast<char *>(smem4) + GEMV_SEQ_OFF) +
-               GEMV_RING_SLOTS;
     const unsigned long long pol = evict_first_policy();
 
     /* the ring was set up for this very call before the grid barrier
      * (gemv_prime), or is set up now */
     {
-        int *prm = cnt + GEMV_RING_SLOTS;
+        int *prm = c.prm;
         bool same = prm[0] && prm[1] == nm && prm[2] == NB && prm[3] == K;
         for (int j = 0; same && j < nm; j++)
             same = tl[j].w == m[j].w && tl[j].sz == m[j].sz && tl[j].n0 == m[j].n0 &&

@@ -185,6 +185,55 @@ __device__ void mla_kvb_prefetch(const LayerDev &L)
         prefetch_cols(kvb, 0, hh * 256 + 128, 128);
 }
 
+/* This CTA's split of the pos + 1 tokens, [t0, t1); false when it has
+ * none (the merge skips it). */
+__device__ __forceinline__ bool attend_split(const StepParams &P, int &t0, int &t1)
+{
+    if ((int)blockIdx.x >= P.nsplit)
+        return false;
+    t0 = blockIdx.x * P.split_len;
+    t1 = min(P.pos + 1, t0 + P.split_len);
+    return t0 < t1;
+}
+
+/* The online softmax statistics of a block, on every warp: thread (q, hh)
+ * (warp q, lane hh) holds some of head hh's scores, their maximum lm.
+ * softmax_max: the block's maximum of head hh with the running one (mrun),
+ * through red in a fixed order.  softmax_commit, once the thread has its
+ * sum ps of exp(score - mb): alpha = exp(old max - mb) into al, and on
+ * threads < 32 the running sum l_run and mrun.  red and red2: 16 x 32
+ * floats each, distinct (red is still read when red2 is written).  Both
+ * contain a __syncthreads. */
+__device__ __forceinline__ float softmax_max(float lm, float *red, const float *mrun)
+{
+    const int hh = threadIdx.x & 31, q = threadIdx.x >> 5;
+    red[q * 32 + hh] = lm;
+    __syncthreads();
+    float mb = mrun[hh];
+#pragma unroll 4
+    for (int i = 0; i < HDC_WARPS; i++)
+        mb = fmaxf(mb, red[i * 32 + hh]);
+    return mb;
+}
+
+__device__ __forceinline__ void softmax_commit(float ps, float mb, float *red2, float *al,
+                                               float *mrun, float &l_run)
+{
+    const int hh = threadIdx.x & 31, q = threadIdx.x >> 5;
+    red2[q * 32 + hh] = ps;
+    if (q == 0)
+        al[hh] = mrun[hh] == -INFINITY ? 0.0f : expf(mrun[hh] - mb);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float sum = 0.0f;
+#pragma unroll 4
+        for (int i = 0; i < HDC_WARPS; i++)
+            sum += red2[i * 32 + hh];
+        l_run = l_run * al[hh] + sum;
+        mrun[hh] = mb; /* read again only after the next block's barriers */
+    }
+}
+
 /* Phase 3: attention over this CTA's split of the pos + 1 tokens, all 32
  * heads at once, in blocks of 32 tokens (online softmax); writes the split's
  * (acc[512], max, sum) per head.  A CTA whose split is empty writes
@@ -199,12 +248,9 @@ static_assert((AT_Q + 32 * AT_QROW) * 4 <= GEMV_BAR_OFF, "attention smem map");
 __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, float *sm,
                                         unsigned long long *tr)
 {
-    const int T = P.pos + 1;
     const int s = blockIdx.x;
-    if (s >= P.nsplit)
-        return;
-    const int t0 = s * P.split_len, t1 = min(T, t0 + P.split_len);
-    if (t0 >= t1)
+    int t0, t1;
+    if (!attend_split(P, t0, t1))
         return;
     const float score_scale = 0.07216878364870322f;
     const uint16_t *ckv = P.ckv[L.slot], *kr = P.krope[L.slot];
@@ -247,7 +293,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
 #pragma unroll
         for (int b = 0; b < 8; b++)
             acc[a][b] = 0.0f;
-    float m_run = -INFINITY, l_run = 0.0f; /* threads < 32: head tid */
+    float l_run = 0.0f;                    /* threads < 32: head tid */
     float *mrun = al + 32;                 /* m_run of every head, shared */
     if (threadIdx.x < 32)
         mrun[threadIdx.x] = -INFINITY;
@@ -310,9 +356,8 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
             sc[t * 32 + hh] = v * score_scale;
         }
         __syncthreads();
-        /* d. online softmax statistics on every warp: thread (q, hh) takes
-         * the tokens q and q + 16 of head hh; the block maximum and the sum
-         * go through red (free after c) in a fixed order. */
+        /* d. online softmax statistics: thread (q, hh) takes the tokens q
+         * and q + 16 of head hh; red is free after c */
         {
             const int hh = lane, q = w;
             const bool t0ok = q < nt, t1ok = q + 16 < nt;
@@ -321,13 +366,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
                 lm = sc[q * 32 + hh];
             if (t1ok)
                 lm = fmaxf(lm, sc[(q + 16) * 32 + hh]);
-            red[q * 32 + hh] = lm;
-            __syncthreads();
-            const float mo = mrun[hh];
-            float mb = mo;
-#pragma unroll 4
-            for (int i = 0; i < HDC_WARPS; i++)
-                mb = fmaxf(mb, red[i * 32 + hh]);
+            const float mb = softmax_max(lm, red, mrun);
             float ps = 0.0f;
             if (t0ok) {
                 float p = mb == -INFINITY ? 0.0f : expf(sc[q * 32 + hh] - mb);
@@ -339,19 +378,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
                 sc[(q + 16) * 32 + hh] = p;
                 ps += p;
             }
-            red[512 + q * 32 + hh] = ps;
-            if (q == 0)
-                al[hh] = mo == -INFINITY ? 0.0f : expf(mo - mb);
-            __syncthreads();
-            if (threadIdx.x < 32) {
-                float sum = 0.0f;
-#pragma unroll 4
-                for (int i = 0; i < HDC_WARPS; i++)
-                    sum += red[512 + i * 32 + hh];
-                l_run = l_run * al[hh] + sum;
-                m_run = mb;
-                mrun[hh] = mb; /* read again after this block's e and the next a */
-            }
+            softmax_commit(ps, mb, red + 512, al, mrun, l_run);
         }
         /* e. acc[h][d] = acc * alpha + sum_t p[t][h] c[t][d] */
 #pragma unroll
@@ -384,7 +411,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
         dst[1] = make_float4(acc[a][4], acc[a][5], acc[a][6], acc[a][7]);
     }
     if (threadIdx.x < 32) {
-        part[threadIdx.x * HDC_PART + 512] = m_run;
+        part[threadIdx.x * HDC_PART + 512] = mrun[threadIdx.x];
         part[threadIdx.x * HDC_PART + 513] = l_run;
     }
 }
@@ -431,12 +458,9 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4])
 __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &L, float *sm,
                                            unsigned long long *tr)
 {
-    const int T = P.pos + 1;
     const int s = blockIdx.x;
-    if (s >= P.nsplit)
-        return;
-    const int t0 = s * P.split_len, t1 = min(T, t0 + P.split_len);
-    if (t0 >= t1)
+    int t0, t1;
+    if (!attend_split(P, t0, t1))
         return;
     const float score_scale = 0.07216878364870322f;
     const uint16_t *ckv = P.ckv[L.slot], *kr = P.krope[L.slot];
@@ -527,13 +551,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 lm = fmaxf(lm, sc[(q + 16 * i) * 32 + hh]);
-            redm[q * 32 + hh] = lm;
-            __syncthreads();
-            const float mo = mrun[hh];
-            float mb = mo;
-#pragma unroll 4
-            for (int i = 0; i < HDC_WARPS; i++)
-                mb = fmaxf(mb, redm[i * 32 + hh]);
+            const float mb = softmax_max(lm, redm, mrun);
             float ps = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -547,18 +565,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
                 pp[32 * TC_PROW / 2] = f2bf(mid);
                 pp[64 * TC_PROW / 2] = f2bf(lo);
             }
-            redl[q * 32 + hh] = ps;
-            if (q == 0)
-                al[hh] = mo == -INFINITY ? 0.0f : expf(mo - mb);
-            __syncthreads();
-            if (threadIdx.x < 32) {
-                float sum = 0.0f;
-#pragma unroll 4
-                for (int i = 0; i < HDC_WARPS; i++)
-                    sum += redl[i * 32 + hh];
-                l_run = l_run * al[hh] + sum;
-                mrun[hh] = mb; /* read again only after the next block's barriers */
-            }
+            softmax_commit(ps, mb, redl, al, mrun, l_run);
         }
         /* d. acc = acc * alpha + p . c */
         {
