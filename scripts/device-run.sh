@@ -9,7 +9,8 @@
 #     bench     our step time at E 256, contexts 0 / 4096 / 32768
 #     seed      the seed's Triton kernel, same contexts (CUDA events)
 #     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
-#               (HD_CUDA_TRACE=1), context 4096
+#               (HD_CUDA_TRACE=N for N in TRACE_CALLS), context 4096
+#     prof      Nsight Compute warp sampling per SASS instruction, one step
 # Logs go to $OUT; a summary table is printed last.
 # Usage: .device/device-run.sh STAGE...
 set -u
@@ -87,9 +88,28 @@ for stage in "$@"; do
         grep "^phases" "$OUT/bench.log"
         ;;
     trace)
-        HD_CUDA_TRACE=1 LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
-            >"$OUT/trace.log" 2>&1
+        # HD_CUDA_TRACE=N: the ring events of CTA 5's N-th GEMV call
+        # (layer 0: 1 projections, 4 experts, 5 down)
+        : >"$OUT/trace.log"
+        for n in ${TRACE_CALLS:-1 5}; do
+            HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
+                >>"$OUT/trace.log" 2>&1
+        done
         grep -E "^bench|^phases|^trace|^gemv" "$OUT/trace.log"
+        ;;
+    prof)
+        # Nsight Compute on one step (E 256, context 4096): warp-state
+        # sampling per SASS instruction, exported as CSV
+        ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        LD_LIBRARY_PATH=$ld_b timeout 240 $ncu --clock-control none -k hd_mega --launch-skip 3 \
+            --launch-count 1 --section SourceCounters --section WarpStateStats \
+            --section SpeedOfLight -f -o /tmp/prof $b/tools/.libs/hd-run --backend cuda \
+            --experts 256 --context 4096 --steps 6 -q >"$OUT/prof.log" 2>&1
+        note "ncu rc=$?"
+        $ncu --import /tmp/prof.ncu-rep --page source --csv --print-source sass \
+            >"$OUT/sass.csv" 2>>"$OUT/prof.log"
+        $ncu --import /tmp/prof.ncu-rep --page details >"$OUT/details.txt" 2>>"$OUT/prof.log"
+        ls -la "$OUT/sass.csv"; grep -E "Duration|Stall|Warp Cycles|Issued" "$OUT/details.txt" | head -20
         ;;
     seed)
         PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \

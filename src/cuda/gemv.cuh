@@ -188,14 +188,28 @@ __device__ __forceinline__ float lds32f(uint32_t a)
     return v;
 }
 
-/* HD_CUDA_TRACE: the events of CTA 5's first gemv_run (block issued, warp 0
- * and warp 15 see it, warp 15 done), read by hdc_gemv_trace. */
+/* HD_CUDA_TRACE=N: the events of CTA 5's N-th gemv_run of a launch (block
+ * issued, warp 0 and warp 15 see it, warp 15 done), read by
+ * hdc_gemv_trace.  g_gtr_n counts CTA 5's calls (thread 0, before the
+ * call's first __syncthreads). */
 __device__ unsigned long long g_gtr[4][64];
-__device__ int g_gtr_on;
+__device__ int g_gtr_n;
+/* The switches the host sets between launches live in the constant bank:
+ * read on every GEMV call and block, a global variable cost an L2 round
+ * trip each time (Nsight Compute, 2026-12-03: 2-3 % of all stall
+ * samples, on the path that issues the ring's copies). */
+__constant__ int g_gtr_on;
+
+__device__ __forceinline__ bool gtr_armed()
+{
+    return blockIdx.x == 5 && g_gtr_on &&
+           *const_cast<volatile int *>(&g_gtr_n) == g_gtr_on &&
+           *const_cast<volatile unsigned long long *>(&g_gtr[0][63]) == 0;
+}
 
 __device__ __forceinline__ void gtr_mark(int ev, int jb)
 {
-    if (blockIdx.x == 5 && g_gtr_on && g_gtr[0][63] == 0 && jb < 63) {
+    if (blockIdx.x == 5 && g_gtr_on && jb < 63 && gtr_armed()) {
         unsigned long long ns;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
         g_gtr[ev][jb] = ns;
@@ -221,7 +235,7 @@ __device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
  * smaller S.  (Measured: S = 1 for the down projections, K = 1024, was
  * slower than 16 warps a block, since each warp waited for its own block
  * and then ran its 16 units alone.) */
-__device__ int g_split_force; /* HD_CUDA_SPLIT (0: choose) */
+__constant__ int g_split_force; /* HD_CUDA_SPLIT (0: choose) */
 
 __device__ __forceinline__ int gemv_split(int NJB, int KU, int ns)
 {
@@ -306,21 +320,22 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
      * small, critical loads.) */
     if (threadIdx.x < nm)
         tl[threadIdx.x] = m[threadIdx.x];
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < ns; i++) {
-            mbar_init(full + i * 8, 1);
-            mbar_init(empty + i * 8, (unsigned)S * 32u);
-            cnt[i] = 0;
-        }
-        /* the initialized barriers, and bytes other phases wrote with
-         * ordinary stores, before the async proxy's writes */
+    /* thread i < ns sets slot i up and issues its first block (one thread
+     * issuing all of them made the other 511 wait that much longer) */
+    const int i = threadIdx.x;
+    if (i < ns) {
+        mbar_init(full + i * 8, 1);
+        mbar_init(empty + i * 8, (unsigned)S * 32u);
+        cnt[i] = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
-        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
     }
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int i = 0; i < ns; i++)
-            ring_put(tl, i, NB, KU, c.ring, slot_bytes, full, c.seq, i, pol);
+    if (i < ns) {
+        /* bytes other phases wrote with ordinary stores (ordered by the
+         * barrier above) before the async proxy's writes */
+        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+        ring_put(tl, i, NB, KU, c.ring, slot_bytes, full, c.seq, i, pol);
+    }
     __syncthreads(); /* seq[] of the first blocks */
 }
 
@@ -394,6 +409,8 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
     const int u0 = si * KU / S, u1 = (si + 1) * KU / S;
     const unsigned long long pol = evict_first_policy();
 
+    if (blockIdx.x == 5 && threadIdx.x == 0 && g_gtr_on)
+        (*const_cast<volatile int *>(&g_gtr_n))++;
     /* the ring was set up for this very call before the grid barrier
      * (gemv_prime), or is set up now */
     {
@@ -485,7 +502,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             mbar_inval(full + i * 8);
             mbar_inval(empty + i * 8);
         }
-        if (blockIdx.x == 5 && g_gtr_on && g_gtr[0][63] == 0)
+        if (blockIdx.x == 5 && g_gtr_on && gtr_armed())
             g_gtr[0][63] = (unsigned long long)NJB;
     }
     __syncthreads();

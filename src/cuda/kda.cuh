@@ -36,20 +36,28 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
         int n0 = task * 32;
         MatTile m[4] = {mat_tile(L.p[0], 0, n0, xb, 1), mat_tile(L.p[1], 0, n0, xb, 1),
                         mat_tile(L.p[2], 0, n0, xb, 1), mat_tile(L.p[3], 0, n0, xb, 1)};
+        /* the epilogue's convolution state and weights do not depend on
+         * the GEMV: their loads are in flight while it runs */
+        const int j = threadIdx.x >> 5, n = n0 + (threadIdx.x & 31);
+        uint16_t *c = conv + (size_t)(j < 3 ? j : 0) * 3 * HDC_A;
+        uint2 cw = make_uint2(0u, 0u);
+        uint16_t c0 = 0, c1 = 0, c2 = 0;
+        if (threadIdx.x < 96) {
+            cw = *reinterpret_cast<const uint2 *>(L.conv_w + ((size_t)j * HDC_A + n) * 4);
+            c0 = c[n];
+            c1 = c[HDC_A + n];
+            c2 = c[2 * HDC_A + n];
+        }
         gemv_tile<32, 4, HDC_D>(m, red, out);
         if (threadIdx.x < 128) {
-            int j = threadIdx.x >> 5, n = n0 + (threadIdx.x & 31);
             float p = bfr(out[threadIdx.x]);
             if (j < 3) {
-                uint16_t *c = conv + (size_t)j * 3 * HDC_A;
-                const uint16_t *w = L.conv_w + ((size_t)j * HDC_A + n) * 4;
-                float c0 = bf16f(c[n]), c1 = bf16f(c[HDC_A + n]), c2 = bf16f(c[2 * HDC_A + n]);
-                float y = __fmul_rn(c0, bf16f(w[0]));
-                y = __fadd_rn(y, __fmul_rn(c1, bf16f(w[1])));
-                y = __fadd_rn(y, __fmul_rn(c2, bf16f(w[2])));
-                y = __fadd_rn(y, __fmul_rn(p, bf16f(w[3])));
-                c[n] = c[HDC_A + n];
-                c[HDC_A + n] = c[2 * HDC_A + n];
+                float y = __fmul_rn(bf16f(c0), __uint_as_float(cw.x << 16));
+                y = __fadd_rn(y, __fmul_rn(bf16f(c1), __uint_as_float(cw.x & 0xffff0000u)));
+                y = __fadd_rn(y, __fmul_rn(bf16f(c2), __uint_as_float(cw.y << 16)));
+                y = __fadd_rn(y, __fmul_rn(p, __uint_as_float(cw.y & 0xffff0000u)));
+                c[n] = c1;
+                c[HDC_A + n] = c2;
                 c[2 * HDC_A + n] = f2bf(p);
                 P.act[j * HDC_A + n] = bfr(silu(y));
             } else {
@@ -113,7 +121,11 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
             int k = w * 8 + i;
             s[i] = S[(size_t)k * 128];
         }
-        float beta = ldcg(P.beta + hh);
+        /* beta through shared memory: one request a CTA instead of one a
+         * warp on the line that every CTA reads */
+        float *bsh = sm + 1024;
+        if (threadIdx.x == 0)
+            *bsh = ldcg(P.beta + hh);
         float vv = ldcg(P.act + 2 * HDC_A + hh * 128 + v0 + lane);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -130,6 +142,7 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
 #pragma unroll
         for (int i = 0; i < HDC_WARPS; i++)
             pred += red[i * 32 + lane];
+        const float beta = *bsh;
         float u = vv - pred, o = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -179,12 +192,13 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
         const int nt = t0 + gridDim.x < HDC_D / 16 ? 2 : 1;
         MatTile m[2] = {mat_tile(o, 0, t0 * 16, xb, 1),
                         mat_tile(o, 0, (nt > 1 ? t0 + gridDim.x : t0) * 16, xb, 1)};
+        /* the residual's load is in flight while the GEMV runs */
+        const int i = threadIdx.x >> 4;
+        const int n = (t0 + i * gridDim.x) * 16 + (threadIdx.x & 15);
+        const float h0 = threadIdx.x < 16 * nt ? ldcg(P.h + n) : 0.0f;
         gemv_run(m, nt, 1, HDC_A, red, out);
-        if (threadIdx.x < 16 * nt) {
-            const int i = threadIdx.x >> 4;
-            const int n = (t0 + i * gridDim.x) * 16 + (threadIdx.x & 15);
-            P.h[n] = bfr(ldcg(P.h + n) + bfr(out[threadIdx.x]));
-        }
+        if (threadIdx.x < 16 * nt)
+            P.h[n] = bfr(h0 + bfr(out[threadIdx.x]));
     }
 }
 

@@ -165,13 +165,16 @@ cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream)
                                        stream);
 }
 
-/* HD_CUDA_TRACE: on != 0 arms the gemv trace; on == 0 copies it out (4 x 64
- * times, ns) and disarms it. */
+/* HD_CUDA_TRACE: on = N > 0 arms the gemv trace of CTA 5's N-th gemv_run;
+ * on == 0 copies it out (4 x 64 times, ns) and disarms it. */
 cudaError_t hdc_gemv_trace(unsigned long long *host, int on)
 {
     static unsigned long long zero[4][64];
     if (on) {
+        const int n = 0;
         cudaError_t e = cudaMemcpyToSymbol(g_gtr, zero, sizeof zero);
+        if (e == cudaSuccess)
+            e = cudaMemcpyToSymbol(g_gtr_n, &n, sizeof n);
         return e != cudaSuccess ? e : cudaMemcpyToSymbol(g_gtr_on, &on, sizeof on);
     }
     cudaError_t e = cudaMemcpyFromSymbol(host, g_gtr, sizeof zero);

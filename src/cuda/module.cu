@@ -468,7 +468,7 @@ static void print_phases(const hd_model *model, const StepParams *p,
         cudaMemset(p->trace, 0, tr.size() * 8);
         unsigned long long g[4][64];
         if (hdc_gemv_trace(&g[0][0], 0) == cudaSuccess && g[0][0]) {
-            fprintf(stderr, "gemv trace (CTA 5, first task, %llu blocks; us: issued / warp0 sees / warp15 sees / warp15 done):", g[0][63]);
+            fprintf(stderr, "gemv trace (CTA 5, call HD_CUDA_TRACE, %llu blocks; us: issued / warp0 sees / warp15 sees / warp15 done):", g[0][63]);
             for (int jb = 0; jb < (int)g[0][63] && jb < 63; jb++)
                 fprintf(stderr, " [%d] %.2f %.2f %.2f %.2f", jb, (double)(g[0][jb] - g[0][0]) * 1e-3,
                         (double)(g[1][jb] - g[0][0]) * 1e-3, (double)(g[2][jb] - g[0][0]) * 1e-3,
@@ -507,8 +507,11 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (e == cudaSuccess)
         e = cudaMemcpyAsync((void *)p.hin, in, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
                             cm->stream);
-    if (e == cudaSuccess && p.trace && getenv("HD_CUDA_PHASES"))
-        e = hdc_gemv_trace(nullptr, 1);
+    if (e == cudaSuccess && p.trace && getenv("HD_CUDA_PHASES")) {
+        /* HD_CUDA_TRACE=N: CTA 5's N-th GEMV call (1 when N is not a number) */
+        const int n = atoi(getenv("HD_CUDA_TRACE"));
+        e = hdc_gemv_trace(nullptr, n > 0 ? n : 1);
+    }
     if (e == cudaSuccess)
         e = hdc_launch(&p, cm->grid, cm->stream);
     if (e == cudaSuccess)

@@ -93,40 +93,87 @@ __device__ __forceinline__ uint32_t rank_key(float v)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* A strict total order of (logit, expert): the key, then the lower
+ * index first; never 0 (0 marks an empty slot below). */
+__device__ __forceinline__ unsigned long long top8_comp(float v, int e)
+{
+    return ((unsigned long long)rank_key(v) << 32) | (0xFFFFFFFFu - (uint32_t)e);
+}
+
+/* The top 8 of the 32 lanes' values c (all distinct) into co[0..7] /
+ * lo[0..7] in rank order; slots that no valid lane fills keep 0 (empty). */
+__device__ __forceinline__ void top8_chunk(unsigned long long c, bool valid, float v,
+                                           unsigned long long *co, float *lo)
+{
+    const int lane = threadIdx.x & 31;
+    if (lane < 8)
+        co[lane] = 0ull;
+    __syncwarp();
+    int r = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        r += __shfl_sync(0xffffffffu, c, i) > c;
+    if (valid && r < 8) {
+        co[r] = c;
+        lo[r] = v;
+    }
+    __syncwarp();
+}
+
 /* Top-8 of the logits into sel[8] / wt[8] (shared memory); the indices are
- * always 8 distinct values in [0, E).  Every thread ranks its experts: the
- * rank of e is the number of experts above it (a larger key, or the same
- * key and a lower index: a strict total order, so ranks 0..7 are taken
- * exactly once), counted until it reaches 8.  Keys are staged in shared
- * memory (stage: room for TOP8_STAGE).  Ends with a barrier. */
-#define TOP8_STAGE 4096
+ * always 8 distinct values in [0, E).  The order is strict and total
+ * (top8_comp: a larger key, or the same key and a lower index), so the
+ * top 8 of E values are the top 8 of the union of the top 8 of each chunk
+ * of 32: each warp reduces chunks of 32 to their top 8 by ranking within
+ * the warp (shuffles), round after round, until 32 candidates or fewer
+ * are left, which one warp ranks.  A lane past the end, or an empty slot,
+ * enters as 31 - lane: distinct, and below every valid value.  For
+ * E <= TOP8_FAST the candidates fit in stage (18 KB); beyond, every
+ * thread counts the experts above each of its own.  Ends with a barrier. */
+#define TOP8_FAST 4096
 __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
                                   float *stage)
 {
     const int E = P.experts;
-    if (E <= TOP8_STAGE - 4) {
-        /* keys in shared memory, padded to a multiple of 4 with key 0 at
-         * indices >= E (never above anything: index too high) */
-        uint32_t *key = reinterpret_cast<uint32_t *>(stage);
-        const int E4 = (E + 3) & ~3;
-        for (int e = threadIdx.x; e < E4; e += HDC_THREADS)
-            key[e] = e < E ? rank_key(ldcg(P.logits + e)) : 0u;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (E <= TOP8_FAST) {
+        unsigned long long *ca = reinterpret_cast<unsigned long long *>(stage);
+        unsigned long long *cb = ca + TOP8_FAST / 4;
+        float *la = reinterpret_cast<float *>(cb + TOP8_FAST / 16), *lb = la + TOP8_FAST / 4;
+        for (int ch = w; ch * 32 < E; ch += HDC_WARPS) {
+            const int e = ch * 32 + lane;
+            const float v = e < E ? ldcg(P.logits + e) : 0.0f;
+            top8_chunk(e < E ? top8_comp(v, e) : 31u - lane, e < E, v, ca + ch * 8,
+                       la + ch * 8);
+        }
+        int n = (E + 31) / 32 * 8;
         __syncthreads();
-        for (int e = threadIdx.x; e < E; e += HDC_THREADS) {
-            const uint32_t ke = key[e];
-            int r = 0;
-            for (int i = 0; i < E4 && r < 8; i += 8) {
-                const uint4 a = *reinterpret_cast<const uint4 *>(key + i);
-                const uint4 b = i + 4 < E4 ? *reinterpret_cast<const uint4 *>(key + i + 4)
-                                           : make_uint4(0u, 0u, 0u, 0u);
-                const uint32_t k8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    r += (k8[u] > ke) | ((k8[u] == ke) & (i + u < e));
+        while (n > 32) {
+            for (int ch = w; ch * 32 < n; ch += HDC_WARPS) {
+                const int i = ch * 32 + lane;
+                const unsigned long long c = i < n ? ca[i] : 0ull;
+                top8_chunk(c ? c : 31u - lane, c != 0ull, c ? la[i] : 0.0f, cb + ch * 8,
+                           lb + ch * 8);
             }
-            if (r < 8) {
-                sel[r] = e;
-                wt[r] = ldcg(P.logits + e);
+            n = (n + 31) / 32 * 8;
+            __syncthreads();
+            unsigned long long *tc = ca;
+            ca = cb;
+            cb = tc;
+            float *tl = la;
+            la = lb;
+            lb = tl;
+        }
+        if (w == 0) {
+            const unsigned long long c = lane < n ? ca[lane] : 0ull;
+            const unsigned long long k = c ? c : 31u - lane;
+            int r = 0;
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                r += __shfl_sync(0xffffffffu, k, i) > k;
+            if (c && r < 8) {
+                sel[r] = (int)(0xFFFFFFFFu - (uint32_t)c);
+                wt[r] = la[lane];
             }
         }
     } else {
@@ -259,13 +306,12 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     int u0, u1;
     down_range(u0, u1);
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
-    int sel[8];
-    float wt[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        sel[j] = __float_as_int(ldcg(P.route + j));
-        wt[j] = ldcg(P.route + 8 + j);
-    }
+    /* The choice of phase X: every CTA ran top8 there, and nothing since
+     * wrote these bytes.  (Every thread reading P.route instead put 34 k
+     * requests on one L2 line: 9 us a layer, Nsight Compute 2026-12-03.) */
+    const int *sel = reinterpret_cast<const int *>(sm + SM_MISC + 32);
+    const float *wt = sm + SM_MISC + 40;
+    trace_mark(tr, 13);
     for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
         const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
         load_xs<MOE_I>(P.ff + j * MOE_I, xs, 3); /* fp32 values */
@@ -275,6 +321,7 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
             MatTile m[1] = {j < 8 ? mat_tile(L.down, sel[j], c0 * 16, xb, 3)
                                   : mat_tile(L.sdown, 0, c0 * 16, xb, 3)};
             gemv_run(m, 1, nb, MOE_I, red, out);
+            trace_mark(tr, 19);
             if (threadIdx.x < nb * 16) {
                 P.dpart[j * HDC_D + c0 * 16 + threadIdx.x] = out[threadIdx.x];
                 __threadfence();
