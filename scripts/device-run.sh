@@ -11,7 +11,7 @@
 #     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
 #               (HD_CUDA_TRACE=N for N in TRACE_CALLS), context 4096
 #     prof      Nsight Compute warp sampling per SASS instruction, one step
-# Logs go to $OUT; a summary table is printed last.
+# Logs go to $OUT (as logs.tgz at the end); a summary table is printed last.
 # Usage: .device/device-run.sh STAGE...
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -86,6 +86,14 @@ for stage in "$@"; do
             >"$OUT/bench.log" 2>&1
         grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
         grep "^phases" "$OUT/bench.log"
+        # BENCH_SPLITS="2 4 8": the same at context 4096 with every GEMV
+        # forced to that many warps a block (HD_CUDA_SPLIT)
+        for sp in ${BENCH_SPLITS:-}; do
+            HD_CUDA_SPLIT=$sp LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda 4096 \
+                >"$OUT/bench-split$sp.log" 2>&1
+            echo "HD_CUDA_SPLIT=$sp: $(grep -E '^bench' "$OUT/bench-split$sp.log")" | tee -a "$summary"
+            grep "^phases" "$OUT/bench-split$sp.log"
+        done
         ;;
     trace)
         # HD_CUDA_TRACE=N: the ring events of CTA 5's N-th GEMV call
@@ -119,5 +127,9 @@ for stage in "$@"; do
     esac
     echo "[stage $stage: $(( $(date +%s) - t0 )) s]" | tee -a "$summary"
 done
+# The device tool returns at most 8 files: everything but the summary
+# travels as one archive.
+(cd "$OUT" && ls | grep -v '^summary.txt$' | grep -v '^logs.tgz$' >/tmp/logs.list &&
+    tar czf logs.tgz -T /tmp/logs.list && xargs rm -f </tmp/logs.list)
 echo "===== SUMMARY ====="
 cat "$summary"

@@ -249,7 +249,7 @@ __device__ __forceinline__ void trace_mark(unsigned long long *tr, int id)
     if (tr && threadIdx.x == 0) {
         unsigned long long ns;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-        tr[blockIdx.x * 32 + id] = ns;
+        tr[blockIdx.x * HDC_TRACE_PTS + id] = ns;
     }
 }
 

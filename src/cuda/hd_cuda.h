@@ -12,6 +12,7 @@
 #define HDC_XS_STRIDE 36         /* floats per 32-value chunk of x in smem */
 #define HDC_PART 516             /* floats per (split, head) partial       */
 #define HDC_SMEM_BYTES (227 * 1024) /* the most a CTA may have on sm_90 */
+#define HDC_TRACE_PTS 64         /* HD_CUDA_TRACE: points per CTA         */
 
 /* A quantized linear map repacked for the tensor-core GEMV (repack.cu):
  *   w  units of 16 columns x 64 rows, 512 bytes, unit (nb, kb) at
@@ -73,7 +74,7 @@ struct StepParams {
                       * split length (HD_CUDA_ATTN=scalar|tc) */
     int prime;     /* 1: the next phase's weights stream into shared memory
                     * before each grid barrier where they are known */
-    unsigned long long *trace; /* HD_CUDA_TRACE: [grid][32] times of layer 0 */
+    unsigned long long *trace; /* HD_CUDA_TRACE: [grid][HDC_TRACE_PTS] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
 };
 

@@ -48,7 +48,9 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
             c1 = c[HDC_A + n];
             c2 = c[2 * HDC_A + n];
         }
+        trace_mark(tr, 32);
         gemv_tile<32, 4, HDC_D>(m, red, out);
+        trace_mark(tr, 33);
         if (threadIdx.x < 128) {
             float p = bfr(out[threadIdx.x]);
             if (j < 3) {
@@ -180,13 +182,15 @@ __device__ __forceinline__ int out_proj_tiles(const QMat &o, MatTile *m, int &NB
 /* o_proj (K = 4096 -> 2304) and the residual: 144 tasks of 16 columns.
  * (Splitting K to balance the 144 tasks over 132 CTAs was slower: the
  * partial sums' round trips through L2 cost more than the imbalance.) */
-__device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float *sm)
+__device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float *sm,
+                                      unsigned long long *tr)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     if (blockIdx.x >= HDC_D / 16)
         return;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     load_xs<HDC_A>(P.attn, xs, 1); /* bf16 values */
+    trace_mark(tr, 34);
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < HDC_D / 16; t0 += 2 * gridDim.x) {
         const int nt = t0 + gridDim.x < HDC_D / 16 ? 2 : 1;
@@ -197,6 +201,7 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
         const int n = (t0 + i * gridDim.x) * 16 + (threadIdx.x & 15);
         const float h0 = threadIdx.x < 16 * nt ? ldcg(P.h + n) : 0.0f;
         gemv_run(m, nt, 1, HDC_A, red, out);
+        trace_mark(tr, 35);
         if (threadIdx.x < 16 * nt)
             P.h[n] = bfr(h0 + bfr(out[threadIdx.x]));
     }

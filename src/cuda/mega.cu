@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             grid_sync(P.bar, gt);
             trace_mark(tr, 4);
             phase_mark(P.timers, mark);
-            out_proj(P, L.p[4], sm);
+            out_proj(P, L.p[4], sm, tr);
         } else {
             if (pf)
                 mla_kvb_prefetch(L);
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             grid_sync(P.bar, gt);
             trace_mark(tm, 30);
             phase_mark(P.timers, mark);
-            out_proj(P, L.p[3], sm);
+            out_proj(P, L.p[3], sm, nullptr);
         }
         PRIME(moe_router_tiles(L, pm_, pnb_, pk_));
         trace_mark(tr, 5);

@@ -231,9 +231,9 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
     nf = HD_HIDDEN + 4 * 4096 + 32 + 4096 + 6144 + 32 * 512 + pad256(E * 4) / 4 +
          9 * 1024 + 16 + cm->parts_splits * 32 * HDC_PART + 9 * HD_HIDDEN + 256;
     CK(cudaMalloc(&cm->scratch, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
-                                    (size_t)cm->grid * 32 * 8));
+                                    (size_t)cm->grid * HDC_TRACE_PTS * 8));
     CK(cudaMemset(cm->scratch, 0, nf * 4 + 2 * HD_HIDDEN * 2 + 256 + 128 * 8 +
-                                      (size_t)cm->grid * 32 * 8));
+                                      (size_t)cm->grid * HDC_TRACE_PTS * 8));
     f = (float *)cm->scratch;
     {
         StepParams &p = cm->base;
@@ -445,19 +445,19 @@ static void print_phases(const hd_model *model, const StepParams *p,
     fprintf(stderr, " total=%.1f\n", (double)(t[k - 1] - t[0]) * 1e-3);
     if (p->trace) {
         CudaModel *cm = (CudaModel *)model->backend_ctx;
-        std::vector<unsigned long long> tr((size_t)cm->grid * 32);
+        std::vector<unsigned long long> tr((size_t)cm->grid * HDC_TRACE_PTS);
         if (cudaMemcpy(tr.data(), p->trace, tr.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
             return;
         unsigned long long t0 = ~0ull;
         for (int b = 0; b < cm->grid; b++)
-            if (tr[(size_t)b * 32] && tr[(size_t)b * 32] < t0)
-                t0 = tr[(size_t)b * 32];
+            if (tr[(size_t)b * HDC_TRACE_PTS] && tr[(size_t)b * HDC_TRACE_PTS] < t0)
+                t0 = tr[(size_t)b * HDC_TRACE_PTS];
         fprintf(stderr, "trace (us from the first CTA at point 0: min med max):");
-        for (int id = 0; id < 32; id++) {
+        for (int id = 0; id < HDC_TRACE_PTS; id++) {
             std::vector<double> v;
             for (int b = 0; b < cm->grid; b++)
-                if (tr[(size_t)b * 32 + id] >= t0 && tr[(size_t)b * 32 + id])
-                    v.push_back((double)(tr[(size_t)b * 32 + id] - t0) * 1e-3);
+                if (tr[(size_t)b * HDC_TRACE_PTS + id] >= t0 && tr[(size_t)b * HDC_TRACE_PTS + id])
+                    v.push_back((double)(tr[(size_t)b * HDC_TRACE_PTS + id] - t0) * 1e-3);
             if (v.empty())
                 continue;
             std::sort(v.begin(), v.end());

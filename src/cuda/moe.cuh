@@ -8,15 +8,26 @@
 
 #define MOE_I 1024
 
-/* Phase R: x = norm(h); router logits (16 experts a task, one a warp) and
- * the shared expert's f = silu(x gate) * (x up) (32 tiles). */
+/* The router logits' tasks: the CTAs the shared expert leaves free, at
+ * most 16 experts (one a warp) a task.  (16 experts a task on 16 CTAs
+ * made those CTAs read 74 KB each while the others read 41 KB or
+ * nothing: the phase waited 4 us for them, device call 3 of 2026-12-03.) */
+__device__ __forceinline__ int router_tasks(int E)
+{
+    const int n = (E + HDC_WARPS - 1) / HDC_WARPS, free = (int)gridDim.x - MOE_I / 16;
+    return n > free ? n : free;
+}
+
+/* Phase R: x = norm(h); router logits (router_tasks tasks, one expert a
+ * warp) and the shared expert's f = silu(x gate) * (x up) (64 tiles of
+ * 16 columns). */
 __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
-    const int E = P.experts;
-    const int ntask = MOE_I / 16 + (E + HDC_WARPS - 1) / HDC_WARPS;
+    const int E = P.experts, nl = router_tasks(E);
+    const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 14);
@@ -28,8 +39,9 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
             if (threadIdx.x < 16)
                 P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[16 + threadIdx.x];
         } else {
-            int e = (task - MOE_I / 16) * HDC_WARPS + w;
-            if (e < E) {
+            const int t = task - MOE_I / 16;
+            const int e = (int)((long long)t * E / nl) + w;
+            if (e < (int)((long long)(t + 1) * E / nl)) {
                 const uint4 *r = reinterpret_cast<const uint4 *>(L.router + (size_t)e * HDC_D);
                 float s = 0.0f;
 #pragma unroll
@@ -53,6 +65,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
                     P.logits[e] = bfr(s);
             }
         }
+        trace_mark(tr, 36);
     }
 }
 
@@ -70,15 +83,18 @@ __device__ __forceinline__ int moe_router_tiles(const LayerDev &L, MatTile *m, i
 
 __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
 {
-    const int E = P.experts;
-    const int ntask = MOE_I / 16 + (E + HDC_WARPS - 1) / HDC_WARPS;
+    const int E = P.experts, nl = router_tasks(E);
+    const int ntask = MOE_I / 16 + nl;
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
         if (task < MOE_I / 16) {
             prefetch_cols(L.sgate, 0, task * 16, 16);
             prefetch_cols(L.sup, 0, task * 16, 16);
         } else {
-            int e0 = (task - MOE_I / 16) * HDC_WARPS, n = min(HDC_WARPS, E - e0);
-            l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)n * HDC_D * 2);
+            const int t = task - MOE_I / 16;
+            const int e0 = (int)((long long)t * E / nl);
+            const int n = (int)((long long)(t + 1) * E / nl) - e0;
+            if (n > 0)
+                l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)n * HDC_D * 2);
         }
     }
 }
@@ -250,6 +266,7 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
             m[2 * i] = mat_tile(L.gate, sel[j], n0, xb, 1);
             m[2 * i + 1] = mat_tile(L.up, sel[j], n0, xb, 1);
         }
+        trace_mark(tr, 37);
         gemv_run(m, 2 * nt, 2, HDC_D, red, out);
         if (threadIdx.x < 32 * nt) {
             const int i = threadIdx.x >> 5, c = threadIdx.x & 31;
@@ -261,12 +278,27 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     }
 }
 
-/* This CTA's range of the down phase's 9 x 144 units (see moe_down). */
+/* This CTA's range of the down phase's 9 x 144 units (see moe_down).
+ * With at least 9 CTAs, map j gets CTAs [9 j / grid .. 9 (j + 1) / grid)
+ * (14 or 15 of 132) and each of them one run of its columns, so that no
+ * CTA pays a second map's vector, B fragments and ring fill (the 8 that
+ * straddled two maps in an even split of all units ended 4-5 us after
+ * the median one; device call 3 of 2026-12-03). */
 __device__ __forceinline__ void down_range(int &u0, int &u1)
 {
-    constexpr int NU = 9 * (HDC_D / 16);
-    u0 = (int)((unsigned)blockIdx.x * NU / gridDim.x);
-    u1 = (int)((unsigned)(blockIdx.x + 1) * NU / gridDim.x);
+    constexpr int NBK = HDC_D / 16, NU = 9 * NBK;
+    const unsigned G = gridDim.x, b = blockIdx.x;
+    if (G < 9) {
+        u0 = (int)(b * NU / G);
+        u1 = (int)((b + 1) * NU / G);
+        return;
+    }
+    int j = 0;
+    while (j < 8 && (unsigned)(j + 1) * G / 9 <= b)
+        j++;
+    const unsigned c0 = (unsigned)j * G / 9, n = (unsigned)(j + 1) * G / 9 - c0;
+    u0 = j * NBK + (int)((b - c0) * NBK / n);
+    u1 = j * NBK + (int)((b - c0 + 1) * NBK / n);
 }
 
 /* The first GEMV of this CTA in moe_down (sel: the chosen experts), for
@@ -320,6 +352,7 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
             const int nb = min(16, b1 - c0);
             MatTile m[1] = {j < 8 ? mat_tile(L.down, sel[j], c0 * 16, xb, 3)
                                   : mat_tile(L.sdown, 0, c0 * 16, xb, 3)};
+            trace_mark(tr, 38);
             gemv_run(m, 1, nb, MOE_I, red, out);
             trace_mark(tr, 19);
             if (threadIdx.x < nb * 16) {
