@@ -4,6 +4,7 @@
 #   unpack the .debs into /tmp/deps, build the dist tarball, then the stages
 #   asked for, in order:
 #     check     make check (the CUDA tests must pass, not skip)
+#     golden    test_cuda's golden case alone, and E 256 against the reference
 #     quick     hd-run --check against the reference, E 16, two contexts
 #     sanitize  compute-sanitizer memcheck and racecheck on a short run
 #     bench     our step time at E 256, contexts 0 / 4096 / 32768
@@ -72,6 +73,18 @@ for stage in "$@"; do
         for c in 0 100; do
             timeout 60 $run --backend cuda --experts 16 --context $c --steps 3 --check 2>&1 | tail -5 | tee -a "$summary"
         done
+        ;;
+    golden)
+        # the short form of check: test_cuda's golden case (golden A and B,
+        # determinism, import/export, non-finite input) and one E 256 run
+        # against the reference
+        CK_RUN_CASE=golden timeout 300 make -j16 check TESTS=tests/test_cuda >"$OUT/check.log" 2>&1
+        rc=$?
+        cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
+        grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
+        grep -E "golden .: output max|Checks|:F:|:E:" tests/test_cuda.log | tail -12 | tee -a "$summary"
+        note "golden rc=$rc"
+        timeout 120 $run --backend cuda --experts 256 --context 100 --steps 2 --check 2>&1 | tail -3 | tee -a "$summary"
         ;;
     sanitize)
         for tool in memcheck racecheck; do

@@ -360,16 +360,22 @@ int main(void)
         return 77;
     }
     setenv("CK_FORK", "no", 1);
+    /* Two cases, so that a short device run can take the first alone
+     * (CK_RUN_CASE=golden): the golden vectors and the properties of one
+     * model, then the backend-vs-reference runs (most of the time). */
     Suite *s = suite_create("cuda");
-    TCase *tc = tcase_create("cuda");
-    tcase_set_timeout(tc, 1800);
+    TCase *tc = tcase_create("golden");
+    tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_golden_a);
     tcase_add_test(tc, test_golden_b);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_import_export);
     tcase_add_test(tc, test_nonfinite);
-    tcase_add_loop_test(tc, test_vs_ref, 0, (int)(sizeof VS / sizeof VS[0]));
-    tcase_add_loop_test(tc, test_vs_ref_env, 0, (int)(sizeof VS_ENV / sizeof VS_ENV[0]));
     suite_add_tcase(s, tc);
+    TCase *tv = tcase_create("vs_ref");
+    tcase_set_timeout(tv, 1800);
+    tcase_add_loop_test(tv, test_vs_ref, 0, (int)(sizeof VS / sizeof VS[0]));
+    tcase_add_loop_test(tv, test_vs_ref_env, 0, (int)(sizeof VS_ENV / sizeof VS_ENV[0]));
+    suite_add_tcase(s, tv);
     return tu_run_suite(s);
 }
