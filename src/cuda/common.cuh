@@ -135,6 +135,8 @@ __device__ __forceinline__ float silu(float y) { return y / (1.0f + expf(-y)); }
 #define SM_RED 4608
 #define SM_OUT 9216
 #define SM_MISC 9504
+#define SM_SEL (SM_MISC + 32) /* the top-8 choice: 8 ints, then 8 weights */
+#define SM_WT (SM_MISC + 40)
 #define MERGE_STATS 10496
 #define SM_XB 12544
 #define SM_XB_END (SM_XB + 4096 / 16 * 12 * 2)

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
-        PRIME(moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_MISC + 32), pm_, pnb_,
+        PRIME(moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_SEL), pm_, pnb_,
                              pk_));
         trace_mark(tr, 9);
         grid_sync(P.bar, gt);

@@ -18,6 +18,13 @@ __device__ __forceinline__ int router_tasks(int E)
     return n > free ? n : free;
 }
 
+/* The experts [e0, e1) of router task t of nl. */
+__device__ __forceinline__ void router_range(int t, int E, int nl, int &e0, int &e1)
+{
+    e0 = (int)((long long)t * E / nl);
+    e1 = (int)((long long)(t + 1) * E / nl);
+}
+
 /* Phase R: x = norm(h); router logits (router_tasks tasks, one expert a
  * warp) and the shared expert's f = silu(x gate) * (x up) (64 tiles of
  * 16 columns). */
@@ -39,9 +46,10 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
             if (threadIdx.x < 16)
                 P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[16 + threadIdx.x];
         } else {
-            const int t = task - MOE_I / 16;
-            const int e = (int)((long long)t * E / nl) + w;
-            if (e < (int)((long long)(t + 1) * E / nl)) {
+            int e0, e1;
+            router_range(task - MOE_I / 16, E, nl, e0, e1);
+            const int e = e0 + w;
+            if (e < e1) {
                 const uint4 *r = reinterpret_cast<const uint4 *>(L.router + (size_t)e * HDC_D);
                 float s = 0.0f;
 #pragma unroll
@@ -90,11 +98,10 @@ __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
             prefetch_cols(L.sgate, 0, task * 16, 16);
             prefetch_cols(L.sup, 0, task * 16, 16);
         } else {
-            const int t = task - MOE_I / 16;
-            const int e0 = (int)((long long)t * E / nl);
-            const int n = (int)((long long)(t + 1) * E / nl) - e0;
-            if (n > 0)
-                l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)n * HDC_D * 2);
+            int e0, e1;
+            router_range(task - MOE_I / 16, E, nl, e0, e1);
+            if (e1 > e0)
+                l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)(e1 - e0) * HDC_D * 2);
         }
     }
 }
@@ -116,6 +123,16 @@ __device__ __forceinline__ unsigned long long top8_comp(float v, int e)
     return ((unsigned long long)rank_key(v) << 32) | (0xFFFFFFFFu - (uint32_t)e);
 }
 
+/* How many of the 32 lanes' values are above this lane's c. */
+__device__ __forceinline__ int warp_rank(unsigned long long c)
+{
+    int r = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        r += __shfl_sync(0xffffffffu, c, i) > c;
+    return r;
+}
+
 /* The top 8 of the 32 lanes' values c (all distinct) into co[0..7] /
  * lo[0..7] in rank order; slots that no valid lane fills keep 0 (empty). */
 __device__ __forceinline__ void top8_chunk(unsigned long long c, bool valid, float v,
@@ -125,10 +142,7 @@ __device__ __forceinline__ void top8_chunk(unsigned long long c, bool valid, flo
     if (lane < 8)
         co[lane] = 0ull;
     __syncwarp();
-    int r = 0;
-#pragma unroll
-    for (int i = 0; i < 32; i++)
-        r += __shfl_sync(0xffffffffu, c, i) > c;
+    const int r = warp_rank(c);
     if (valid && r < 8) {
         co[r] = c;
         lo[r] = v;
@@ -182,11 +196,7 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
         }
         if (w == 0) {
             const unsigned long long c = lane < n ? ca[lane] : 0ull;
-            const unsigned long long k = c ? c : 31u - lane;
-            int r = 0;
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                r += __shfl_sync(0xffffffffu, k, i) > k;
+            const int r = warp_rank(c ? c : 31u - lane);
             if (c && r < 8) {
                 sel[r] = (int)(0xFFFFFFFFu - (uint32_t)c);
                 wt[r] = la[lane];
@@ -228,8 +238,8 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
 __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *red = sm + SM_RED, *out = sm + SM_OUT;
-    int *sel = reinterpret_cast<int *>(sm + SM_MISC + 32);
-    float *wt = sm + SM_MISC + 40;
+    int *sel = reinterpret_cast<int *>(sm + SM_SEL);
+    float *wt = sm + SM_WT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     /* x = norm(h) is still in shared memory (xs and its B fragments at
      * SM_XB) from phase R: h has not changed since, and nothing in between
@@ -341,8 +351,8 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     /* The choice of phase X: every CTA ran top8 there, and nothing since
      * wrote these bytes.  (Every thread reading P.route instead put 34 k
      * requests on one L2 line: 9 us a layer, Nsight Compute 2026-12-03.) */
-    const int *sel = reinterpret_cast<const int *>(sm + SM_MISC + 32);
-    const float *wt = sm + SM_MISC + 40;
+    const int *sel = reinterpret_cast<const int *>(sm + SM_SEL);
+    const float *wt = sm + SM_WT;
     trace_mark(tr, 13);
     for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
         const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
