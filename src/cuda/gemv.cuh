@@ -230,13 +230,18 @@ __device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
 
 /* How many warps share a 16-column block (S, a power of two; the 16 / S
  * groups of S warps take blocks g, g + 16 / S, ...).  A warp's time is
- * about rounds x (units + 1) (the 1: its fixed costs per block), and the
- * last block to arrive still takes its units after it lands (the + u):
- * the least of that, with no more groups than ring slots (a group beyond
- * them would wait for a refill in its first round), and on a tie the
- * smaller S.  (Measured: S = 1 for the down projections, K = 1024, was
- * slower than 16 warps a block, since each warp waited for its own block
- * and then ran its 16 units alone.) */
+ * modelled as rounds x (units + 12) + 2 x units: 12 units (about 3.5 us)
+ * of fixed cost per block a group takes (its wait for the block's bytes,
+ * the partial sums, the refill), and the last block's units after it
+ * lands, counted twice; the least of that, with no more groups than ring
+ * slots (a group beyond them would wait for a refill in its first
+ * round), and on a tie the smaller S.  The constants fit every split
+ * measured with HD_CUDA_SPLIT forced to 2, 4 and 8 (device call 4 of
+ * 2026-12-03's third session: the projections and experts are fastest
+ * with S = 4, the down projections with S = 2 (15.4 against 17.6 us a
+ * layer), o_proj's two-block CTAs with S = 8 (9.8 against 10.9 us) and
+ * the merge's W_v GEMV with S = 2 (22.9 against 24.4 us for the phase);
+ * the earlier constants (units + 1, + units) chose 4 to 16 there. */
 __constant__ int g_split_force; /* HD_CUDA_SPLIT (0: choose) */
 
 __device__ __forceinline__ int gemv_split(int NJB, int KU, int ns)
@@ -249,7 +254,7 @@ __device__ __forceinline__ int gemv_split(int NJB, int KU, int ns)
         if (G > 1 && G > ns)
             continue;
         const int u = (KU + S - 1) / S;
-        const int c = ((NJB + G - 1) / G) * (u + 1) + u;
+        const int c = ((NJB + G - 1) / G) * (u + 12) + 2 * u;
         if (c < bc) {
             bc = c;
             best = S;

@@ -116,31 +116,36 @@ __device__ __forceinline__ uint32_t rank_key(float v)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* A strict total order of (logit, expert): the key, then the lower
- * index first; never 0 (0 marks an empty slot below). */
-__device__ __forceinline__ unsigned long long top8_comp(float v, int e)
+/* A strict total order of (logit, expert) in 32 bits: the upper half of
+ * the key, then the lower index first; never 0 (0 marks an empty slot
+ * below) and, for e < TOP8_FAST, above 31.  The logits are bf16 values
+ * (moe_router stores bfr(s)), whose keys differ in the upper half only, so
+ * the order is the full keys' order. */
+__device__ __forceinline__ uint32_t top8_comp(float v, int e)
 {
-    return ((unsigned long long)rank_key(v) << 32) | (0xFFFFFFFFu - (uint32_t)e);
+    return (rank_key(v) & 0xFFFF0000u) | (0xFFFFu - (uint32_t)e);
 }
 
 /* How many of the 32 lanes' values are above this lane's c. */
-__device__ __forceinline__ int warp_rank(unsigned long long c)
+__device__ __forceinline__ int warp_rank(uint32_t c)
 {
     int r = 0;
-#pragma unroll
+#pragma unroll 8
     for (int i = 0; i < 32; i++)
         r += __shfl_sync(0xffffffffu, c, i) > c;
     return r;
 }
 
 /* The top 8 of the 32 lanes' values c (all distinct) into co[0..7] /
- * lo[0..7] in rank order; slots that no valid lane fills keep 0 (empty). */
-__device__ __forceinline__ void top8_chunk(unsigned long long c, bool valid, float v,
-                                           unsigned long long *co, float *lo)
+ * lo[0..7] in rank order; slots that no valid lane fills keep 0 (empty).
+ * (The loop is not unrolled all the way: the kernel's code is fetched
+ * again every layer, and the unrolled 64-bit form was 37 KB.) */
+__device__ __forceinline__ void top8_chunk(uint32_t c, bool valid, float v, uint32_t *co,
+                                           float *lo)
 {
     const int lane = threadIdx.x & 31;
     if (lane < 8)
-        co[lane] = 0ull;
+        co[lane] = 0u;
     __syncwarp();
     const int r = warp_rank(c);
     if (valid && r < 8) {
@@ -152,14 +157,13 @@ __device__ __forceinline__ void top8_chunk(unsigned long long c, bool valid, flo
 
 /* Top-8 of the logits into sel[8] / wt[8] (shared memory); the indices are
  * always 8 distinct values in [0, E).  The order is strict and total
- * (top8_comp: a larger key, or the same key and a lower index), so the
- * top 8 of E values are the top 8 of the union of the top 8 of each chunk
- * of 32: each warp reduces chunks of 32 to their top 8 by ranking within
- * the warp (shuffles), round after round, until 32 candidates or fewer
- * are left, which one warp ranks.  A lane past the end, or an empty slot,
- * enters as 31 - lane: distinct, and below every valid value.  For
- * E <= TOP8_FAST the candidates fit in stage (18 KB); beyond, every
- * thread counts the experts above each of its own.  Ends with a barrier. */
+ * (top8_comp), so the top 8 of E values are the top 8 of the union of the
+ * top 8 of each chunk of 32: each warp reduces chunks of 32 to their top 8
+ * by ranking within the warp (shuffles), round after round, until 8 are
+ * left, in rank order.  A lane past the end, or an empty slot, enters as
+ * 31 - lane: distinct, and below every valid value.  For E <= TOP8_FAST
+ * the candidates fit in stage (10 KB); beyond, every thread counts the
+ * experts above each of its own.  Ends with a barrier. */
 #define TOP8_FAST 4096
 __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
                                   float *stage)
@@ -167,8 +171,7 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
     const int E = P.experts;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (E <= TOP8_FAST) {
-        unsigned long long *ca = reinterpret_cast<unsigned long long *>(stage);
-        unsigned long long *cb = ca + TOP8_FAST / 4;
+        uint32_t *ca = reinterpret_cast<uint32_t *>(stage), *cb = ca + TOP8_FAST / 4;
         float *la = reinterpret_cast<float *>(cb + TOP8_FAST / 16), *lb = la + TOP8_FAST / 4;
         for (int ch = w; ch * 32 < E; ch += HDC_WARPS) {
             const int e = ch * 32 + lane;
@@ -178,29 +181,26 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
         }
         int n = (E + 31) / 32 * 8;
         __syncthreads();
-        while (n > 32) {
+        while (n > 8) {
             for (int ch = w; ch * 32 < n; ch += HDC_WARPS) {
                 const int i = ch * 32 + lane;
-                const unsigned long long c = i < n ? ca[i] : 0ull;
-                top8_chunk(c ? c : 31u - lane, c != 0ull, c ? la[i] : 0.0f, cb + ch * 8,
+                const uint32_t c = i < n ? ca[i] : 0u;
+                top8_chunk(c ? c : 31u - lane, c != 0u, c ? la[i] : 0.0f, cb + ch * 8,
                            lb + ch * 8);
             }
             n = (n + 31) / 32 * 8;
             __syncthreads();
-            unsigned long long *tc = ca;
+            uint32_t *tc = ca;
             ca = cb;
             cb = tc;
             float *tl = la;
             la = lb;
             lb = tl;
         }
-        if (w == 0) {
-            const unsigned long long c = lane < n ? ca[lane] : 0ull;
-            const int r = warp_rank(c ? c : 31u - lane);
-            if (c && r < 8) {
-                sel[r] = (int)(0xFFFFFFFFu - (uint32_t)c);
-                wt[r] = la[lane];
-            }
+        /* n == 8: the top 8 in rank order (E >= 8, so none is empty) */
+        if (threadIdx.x < 8) {
+            sel[threadIdx.x] = (int)(0xFFFFu - (ca[threadIdx.x] & 0xFFFFu));
+            wt[threadIdx.x] = la[threadIdx.x];
         }
     } else {
         for (int e = threadIdx.x; e < E; e += HDC_THREADS) {
