@@ -107,6 +107,14 @@ for stage in "$@"; do
             echo "HD_CUDA_SPLIT=$sp: $(grep -E '^bench' "$OUT/bench-split$sp.log")" | tee -a "$summary"
             grep "^phases" "$OUT/bench-split$sp.log"
         done
+        # BENCH_ENVS="HD_CUDA_PRIME=1 HD_CUDA_PREFETCH=1": the same at
+        # context 4096 with each switch set (a + joins several: A=1+B=1)
+        for ev in ${BENCH_ENVS:-}; do
+            env ${ev//+/ } LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda 4096 \
+                >"$OUT/bench-$ev.log" 2>&1
+            echo "$ev: $(grep -E '^bench' "$OUT/bench-$ev.log")" | tee -a "$summary"
+            grep "^phases" "$OUT/bench-$ev.log"
+        done
         ;;
     trace)
         # HD_CUDA_TRACE=N: the ring events of CTA 5's N-th GEMV call

@@ -89,6 +89,37 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target)
     __syncthreads();
 }
 
+/* Flags: counts of finished tasks that a consumer waits for instead of a
+ * grid barrier, where it needs the output of a few tasks only (P.flags;
+ * HDC_FL_HEAD + h: the 4 projection tasks of KDA head h, HDC_FL_BETA: the
+ * betas, HDC_FL_EXPERT + j: the 32 gate/up tasks of routed expert j).
+ * The producer's threads store, fence, and meet at a __syncthreads, then
+ * thread 0 adds with release semantics; the consumer's thread 0 waits
+ * with acquire loads and a __syncthreads passes that on, as in grid_sync
+ * (the data are read with ld.global.cg: never from a stale L1 line).  The
+ * counts go back to 0 in each router phase (moe_router), which a grid
+ * barrier separates from every producer and consumer of the counts. */
+#define HDC_FL_HEAD 0
+#define HDC_FL_BETA 32
+#define HDC_FL_EXPERT 40
+#define HDC_FL_COUNT 48
+
+__device__ __forceinline__ void flag_signal(unsigned *flag)
+{
+    __syncthreads();
+    if (threadIdx.x == 0)
+        red_release_add(flag, 1u);
+}
+
+/* Every thread calls; ends with __syncthreads. */
+__device__ __forceinline__ void flag_wait(const unsigned *flag, unsigned count)
+{
+    if (threadIdx.x == 0)
+        while (ld_acquire(flag) < count)
+            ;
+    __syncthreads();
+}
+
 /* The end of a launch: the last CTA out records where the count stands. */
 __device__ __forceinline__ void grid_exit(unsigned *bar, unsigned target)
 {

@@ -68,12 +68,17 @@ struct StepParams {
     float *route;  /* [16]: 8 expert indices (as float bits) + 8 weights */
     float *dpart;  /* [9][2304] the down projections' outputs */
     unsigned *dcnt; /* [144] units done per 16-column block (0 at rest) */
+    unsigned *flags; /* [64] tasks done, in place of a grid barrier (HDC_FL_*;
+                      * 0 at rest, set back to 0 in each router phase) */
     unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
     int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores, 0: by
                       * split length (HD_CUDA_ATTN=scalar|tc) */
     int prime;     /* 1: the next phase's weights stream into shared memory
                     * before each grid barrier where they are known */
+    int use_flags; /* 1: the delta rule waits for its head's projections and
+                    * a down projection for its expert (flags), not for
+                    * the whole grid (HD_CUDA_FLAGS=0: grid barriers) */
     unsigned long long *trace; /* HD_CUDA_TRACE: [grid][HDC_TRACE_PTS] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
 };

@@ -31,6 +31,8 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
                 if (lane == 0)
                     P.beta[hh] = 1.0f / (1.0f + expf(-bfr(s)));
             }
+            if (P.use_flags)
+                flag_signal(P.flags + HDC_FL_BETA);
             continue;
         }
         int n0 = task * 32;
@@ -66,6 +68,9 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
                 P.act[3 * HDC_A + n] = 1.0f / (1.0f + expf(p));
             }
         }
+        /* head task / 4's columns of q, k, v and the decay are out */
+        if (P.use_flags)
+            flag_signal(P.flags + HDC_FL_HEAD + task / 4);
     }
 }
 
@@ -105,7 +110,9 @@ __device__ void out_proj_prefetch(const QMat &o)
 }
 
 /* Phase 2: the delta rule, split by 32 value columns (128 tasks): thread
- * (warp w, lane v) holds S[k][v] for k = 8w .. 8w + 7. */
+ * (warp w, lane v) holds S[k][v] for k = 8w .. 8w + 7.  With P.use_flags
+ * no grid barrier precedes it: a task loads its part of the state, then
+ * waits for its head's four projection tasks and the betas. */
 __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *red = sm;           /* [16][32] */
@@ -122,6 +129,13 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
         for (int i = 0; i < 8; i++) {
             int k = w * 8 + i;
             s[i] = S[(size_t)k * 128];
+        }
+        if (P.use_flags) {
+            if (threadIdx.x == 0)
+                while (ld_acquire(P.flags + HDC_FL_HEAD + hh) < 4u ||
+                       ld_acquire(P.flags + HDC_FL_BETA) < 1u)
+                    ;
+            __syncthreads();
         }
         /* beta through shared memory: one request a CTA instead of one a
          * warp on the line that every CTA reads */

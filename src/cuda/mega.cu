@@ -4,7 +4,9 @@
  * Per KDA layer: proj | delta | o_proj | router | experts | down (6 phases);
  * per MLA layer: proj | absorb | attend | merge | o_proj | router | experts |
  * down (8).  RMSNorm and the top-8 are recomputed by every CTA instead of
- * being shared through a barrier. */
+ * being shared through a barrier.  Two of the boundaries are flags, not
+ * barriers (P.use_flags): a delta task waits for its head's projection
+ * tasks, a down task for its expert's gate/up tasks (common.cuh). */
 #include "mla.cuh"
 #include "moe.cuh"
 
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             }
             kda_proj(P, L, first, sm);
             trace_mark(tr, 1);
-            grid_sync(P.bar, gt);
+            if (!P.use_flags) /* else delta waits for its head's flags */
+                grid_sync(P.bar, gt);
             trace_mark(tr, 2);
             phase_mark(P.timers, mark);
             if (pf)
@@ -116,7 +119,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         PRIME(moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_SEL), pm_, pnb_,
                              pk_));
         trace_mark(tr, 9);
-        grid_sync(P.bar, gt);
+        if (!P.use_flags) /* else each down map waits for its expert's flag */
+            grid_sync(P.bar, gt);
         trace_mark(tr, 10);
         phase_mark(P.timers, mark);
         if (pf && !last) {

@@ -26,6 +26,10 @@ struct CudaModel {
     void *scratch;
     StepParams base;         /* scratch pointers filled in */
     size_t parts_splits;
+    /* Page-locked staging of a step's input and output (HD_HIDDEN bf16
+     * each): a copy from pageable memory goes through the driver's own
+     * staging buffer and blocks the host */
+    uint16_t *pinned;
 };
 
 struct CudaState {
@@ -90,6 +94,7 @@ static void model_release(CudaModel *cm)
     cudaFree(cm->weights);
     cudaFree(cm->layers);
     cudaFree(cm->scratch);
+    cudaFreeHost(cm->pinned);
     if (cm->stream)
         cudaStreamDestroy(cm->stream);
     delete cm;
@@ -252,7 +257,9 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.route = f; f += 16;
         p.parts = f; f += cm->parts_splits * 32 * HDC_PART;
         p.dpart = f; f += 9 * HD_HIDDEN;
-        p.dcnt = (unsigned *)f; f += 256;
+        p.dcnt = (unsigned *)f;
+        p.flags = p.dcnt + 160; /* dcnt uses 144 of the 256 */
+        f += 256;
         p.hin = (const uint16_t *)f;
         p.hout = (uint16_t *)f + HD_HIDDEN;
         p.bar = (unsigned *)((uint16_t *)f + 2 * HD_HIDDEN);
@@ -268,6 +275,16 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * context 4096), so off by default */
         const char *pr = getenv("HD_CUDA_PRIME");
         p.prime = pr && strcmp(pr, "1") == 0;
+        /* HD_CUDA_FLAGS=0 puts the grid barriers back where the delta rule
+         * and the down projections wait for flags (measurements,
+         * cross-checks) */
+        const char *fl = getenv("HD_CUDA_FLAGS");
+        p.use_flags = !(fl && strcmp(fl, "0") == 0);
+        /* A down task may update h once every gate/up task is done, which
+         * is after every CTA's RMSNorm of h in phase X only while every
+         * CTA has such a task (256 of them) */
+        if (cm->grid > 256)
+            p.use_flags = 0;
         /* The attention runs on tensor cores when a split has more than 64
          * tokens (context 32768: 66 against 141 us), on CUDA cores below
          * (one block of 32 tokens: 27 against 33 us); HD_CUDA_ATTN=scalar
@@ -277,6 +294,7 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
+    CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocDefault));
     snprintf(model->backend_info, sizeof model->backend_info,
              "cuda (%s, %d CTAs x %d threads, one cooperative launch a step)",
              prop.name, cm->grid, HDC_THREADS);
@@ -504,8 +522,9 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     }
     pthread_mutex_lock(&step_lock);
     e = cudaSetDevice(cm->device);
+    memcpy(cm->pinned, in, HD_HIDDEN * 2);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync((void *)p.hin, in, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
+        e = cudaMemcpyAsync((void *)p.hin, cm->pinned, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
                             cm->stream);
     if (e == cudaSuccess && p.trace && getenv("HD_CUDA_PHASES")) {
         /* HD_CUDA_TRACE=N: CTA 5's N-th GEMV call (1 when N is not a number) */
@@ -515,10 +534,12 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (e == cudaSuccess)
         e = hdc_launch(&p, cm->grid, cm->stream);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(out, p.hout, HD_HIDDEN * 2, cudaMemcpyDeviceToHost,
-                            cm->stream);
+        e = cudaMemcpyAsync(cm->pinned + HD_HIDDEN, p.hout, HD_HIDDEN * 2,
+                            cudaMemcpyDeviceToHost, cm->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(cm->stream);
+    if (e == cudaSuccess)
+        memcpy(out, cm->pinned + HD_HIDDEN, HD_HIDDEN * 2);
     if (e == cudaSuccess && getenv("HD_CUDA_PHASES"))
         print_phases(model, &p, cm->stream);
     if (e != cudaSuccess) {

@@ -37,6 +37,11 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    /* the flags back to 0: their consumers of this layer (the delta rule)
+     * and of the last (the down projections) are behind a grid barrier,
+     * their next producers (phase X, the next projections) ahead of one */
+    if (blockIdx.x == 0 && threadIdx.x < HDC_FL_COUNT)
+        P.flags[threadIdx.x] = 0u;
     trace_mark(tr, 14);
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
         if (task < MOE_I / 16) {
@@ -284,6 +289,9 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
             const int j = task / (MOE_I / 32), n0 = (task % (MOE_I / 32)) * 32;
             P.ff[j * MOE_I + n0 + c] = silu(out[64 * i + c]) * out[64 * i + 32 + c];
         }
+        if (P.use_flags)
+            for (int i = 0; i < nt; i++)
+                flag_signal(P.flags + HDC_FL_EXPERT + (t0 + i * gridDim.x) / (MOE_I / 32));
         trace_mark(tr, 17);
     }
 }
@@ -356,6 +364,10 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     trace_mark(tr, 13);
     for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
         const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
+        /* without a grid barrier after phase X: routed expert j's 32
+         * gate/up tasks (the shared expert's f is from phase R) */
+        if (P.use_flags && j < 8)
+            flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_I / 32);
         load_xs<MOE_I>(P.ff + j * MOE_I, xs, 3); /* fp32 values */
         trace_mark(tr, 18);
         for (int c0 = b0; c0 < b1; c0 += 16) {
