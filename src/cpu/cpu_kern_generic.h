@@ -125,7 +125,110 @@ static void gen_absorb(const uint16_t *wk, const float *qn, float *ql)
 #define GR HD_MLA_QK_ROPE
 #define GH HD_MLA_HEADS
 #define GC CPU_MLA_CHUNK
+_Static_assert(GH % 2 == 0, "heads go two at a time");
 
+/* The scores of tokens r, r + 1 of the chunk for heads h, h + 1: every
+ * query vector loaded feeds two tokens, every cache vector two heads
+ * (one load per multiply-add instead of 1.5).  Each score is summed as a
+ * head at a time would sum it: even vectors of d in one accumulator, odd
+ * ones in the other, then the rope part onto the even one. */
+static inline void gen_mla_scores2x2(const float *cf, const float *kf, const float *qlat,
+                                     const float *qrope, int h, int r, float *sc,
+                                     float scale)
+{
+    const float *q0 = qlat + h * GL, *q1 = q0 + GL;
+    const float *c0 = cf + r * GL, *c1 = c0 + GL;
+    gvf a00 = { 0 }, a01 = { 0 }, a10 = { 0 }, a11 = { 0 }; /* head, token */
+    gvf b00 = { 0 }, b01 = { 0 }, b10 = { 0 }, b11 = { 0 };
+    for (int d = 0; d < GL; d += 2 * GVW) {
+        const gvf ca = gload(c0 + d), cb = gload(c0 + d + GVW);
+        const gvf da = gload(c1 + d), db = gload(c1 + d + GVW);
+        const gvf qa = gload(q0 + d), qb = gload(q0 + d + GVW);
+        a00 += qa * ca;
+        b00 += qb * cb;
+        a01 += qa * da;
+        b01 += qb * db;
+        const gvf pa = gload(q1 + d), pb = gload(q1 + d + GVW);
+        a10 += pa * ca;
+        b10 += pb * cb;
+        a11 += pa * da;
+        b11 += pb * db;
+    }
+    const float *r0 = qrope + h * GR, *r1 = r0 + GR;
+    for (int d = 0; d < GR; d += GVW) {
+        const gvf k0 = gload(kf + r * GR + d), k1 = gload(kf + (r + 1) * GR + d);
+        const gvf qr = gload(r0 + d), pr = gload(r1 + d);
+        a00 += qr * k0;
+        a01 += qr * k1;
+        a10 += pr * k0;
+        a11 += pr * k1;
+    }
+    sc[h * GC + r] = ghsum(a00 + b00) * scale;
+    sc[h * GC + r + 1] = ghsum(a01 + b01) * scale;
+    sc[(h + 1) * GC + r] = ghsum(a10 + b10) * scale;
+    sc[(h + 1) * GC + r + 1] = ghsum(a11 + b11) * scale;
+}
+
+/* One token's score for one head, summed in the same order. */
+static inline float gen_mla_score1(const float *cf, const float *kf, const float *qh,
+                                   const float *rh, int r)
+{
+    const float *c0 = cf + r * GL;
+    gvf a0 = { 0 }, b0 = { 0 };
+    for (int d = 0; d < GL; d += 2 * GVW) {
+        a0 += gload(qh + d) * gload(c0 + d);
+        b0 += gload(qh + d + GVW) * gload(c0 + d + GVW);
+    }
+    for (int d = 0; d < GR; d += GVW)
+        a0 += gload(rh + d) * gload(kf + r * GR + d);
+    return ghsum(a0 + b0);
+}
+
+/* acc[h] += sum_r p_h[r] c[r] and the same for head h + 1, over the n
+ * tokens of the chunk in order: each cache vector loaded feeds both
+ * heads. */
+static inline void gen_mla_values2(const float *cf, const float *sc, int h, int n,
+                                   float *acc)
+{
+    const float *p0 = sc + h * GC, *p1 = p0 + GC;
+    float *a = acc + h * GL, *b = a + GL;
+    for (int d = 0; d < GL; d += 4 * GVW) {
+        gvf x0 = gload(a + d), x1 = gload(a + d + GVW);
+        gvf x2 = gload(a + d + 2 * GVW), x3 = gload(a + d + 3 * GVW);
+        gvf y0 = gload(b + d), y1 = gload(b + d + GVW);
+        gvf y2 = gload(b + d + 2 * GVW), y3 = gload(b + d + 3 * GVW);
+        for (int r = 0; r < n; r++) {
+            const float *c = cf + r * GL + d;
+            const gvf c0 = gload(c), c1 = gload(c + GVW);
+            const gvf c2 = gload(c + 2 * GVW), c3 = gload(c + 3 * GVW);
+            const float p = p0[r], q = p1[r];
+            x0 += p * c0;
+            x1 += p * c1;
+            x2 += p * c2;
+            x3 += p * c3;
+            y0 += q * c0;
+            y1 += q * c1;
+            y2 += q * c2;
+            y3 += q * c3;
+        }
+        gstore(a + d, x0);
+        gstore(a + d + GVW, x1);
+        gstore(a + d + 2 * GVW, x2);
+        gstore(a + d + 3 * GVW, x3);
+        gstore(b + d, y0);
+        gstore(b + d + GVW, y1);
+        gstore(b + d + 2 * GVW, y2);
+        gstore(b + d + 3 * GVW, y3);
+    }
+}
+
+/* Tokens [t0, t1) of the MLA attention for all heads: per head the
+ * running maximum m, the sum l of exp(score - m) and acc = sum of
+ * exp(score - m) c_kv, chunk by chunk of GC tokens (widened to fp32 once
+ * a chunk).  A chunk's scores of all heads come first, two heads and two
+ * tokens at a time, then each head's maximum, rescale and exponentials,
+ * then the values two heads at a time; every head's arithmetic is that of
+ * a head computed alone, in the same order. */
 static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                           size_t t0, size_t t1, const float *qlat,
                           const float *qrope, float *m, float *l, float *acc,
@@ -149,39 +252,19 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             for (int d = 0; d < GR; d += GVW)
                 gstore(kf + r * GR + d, gload_bf16(kr + d));
         }
+        for (int h = 0; h < GH; h += 2) {
+            int r = 0;
+            for (; r + 2 <= n; r += 2)
+                gen_mla_scores2x2(cf, kf, qlat, qrope, h, r, sc, score_scale);
+            for (; r < n; r++)
+                for (int k = h; k < h + 2; k++)
+                    sc[k * GC + r] =
+                        gen_mla_score1(cf, kf, qlat + k * GL, qrope + k * GR, r) * score_scale;
+        }
         for (int h = 0; h < GH; h++) {
-            const float *qh = qlat + h * GL, *rh = qrope + h * GR;
             float *sh = sc + h * GC, mx = m[h];
             double ls = 0.0;
-            int r = 0;
-            /* Two tokens at a time: each query load feeds two products. */
-            for (; r + 2 <= n; r += 2) {
-                const float *c0 = cf + r * GL, *c1 = c0 + GL;
-                gvf a0 = { 0 }, a1 = { 0 }, b0 = { 0 }, b1 = { 0 };
-                for (int d = 0; d < GL; d += 2 * GVW) {
-                    gvf qa = gload(qh + d), qb = gload(qh + d + GVW);
-                    a0 += qa * gload(c0 + d);
-                    b0 += qb * gload(c0 + d + GVW);
-                    a1 += qa * gload(c1 + d);
-                    b1 += qb * gload(c1 + d + GVW);
-                }
-                for (int d = 0; d < GR; d += GVW) {
-                    gvf qr = gload(rh + d);
-                    a0 += qr * gload(kf + r * GR + d);
-                    a1 += qr * gload(kf + (r + 1) * GR + d);
-                }
-                sh[r] = ghsum(a0 + b0) * score_scale;
-                sh[r + 1] = ghsum(a1 + b1) * score_scale;
-            }
-            for (; r < n; r++) {
-                const float *c0 = cf + r * GL;
-                gvf a0 = { 0 };
-                for (int d = 0; d < GL; d += GVW)
-                    a0 += gload(qh + d) * gload(c0 + d);
-                for (int d = 0; d < GR; d += GVW)
-                    a0 += gload(rh + d) * gload(kf + r * GR + d);
-                sh[r] = ghsum(a0) * score_scale;
-            }
+            int r;
             for (r = 0; r < n; r++)
                 if (sh[r] > mx) /* NaN never becomes the max */
                     mx = sh[r];
@@ -199,25 +282,9 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             for (r = 0; r < n; r++)
                 ls += sh[r];
             l[h] += (float)ls;
-            {
-                float *ah = acc + h * GL;
-                for (int d = 0; d < GL; d += 4 * GVW) {
-                    gvf x0 = gload(ah + d), x1 = gload(ah + d + GVW);
-                    gvf x2 = gload(ah + d + 2 * GVW), x3 = gload(ah + d + 3 * GVW);
-                    for (r = 0; r < n; r++) {
-                        const float p = sh[r], *c = cf + r * GL + d;
-                        x0 += p * gload(c);
-                        x1 += p * gload(c + GVW);
-                        x2 += p * gload(c + 2 * GVW);
-                        x3 += p * gload(c + 3 * GVW);
-                    }
-                    gstore(ah + d, x0);
-                    gstore(ah + d + GVW, x1);
-                    gstore(ah + d + 2 * GVW, x2);
-                    gstore(ah + d + 3 * GVW, x3);
-                }
-            }
         }
+        for (int h = 0; h < GH; h += 2)
+            gen_mla_values2(cf, sc, h, n, acc);
     }
 }
 
