@@ -93,9 +93,10 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target)
  * grid barrier, where it needs the output of a few tasks only (P.flags;
  * HDC_FL_HEAD + h: the 4 projection tasks of KDA head h, HDC_FL_BETA: the
  * betas, HDC_FL_EXPERT + j: the 32 gate/up tasks of routed expert j).
- * The producer's threads store, fence, and meet at a __syncthreads, then
- * thread 0 adds with release semantics; the consumer's thread 0 waits
- * with acquire loads and a __syncthreads passes that on, as in grid_sync
+ * The producer's threads store and meet at a __syncthreads, then thread 0
+ * adds with release semantics (which covers the stores the barrier
+ * ordered before it); the consumer's thread 0 waits with acquire loads
+ * and a __syncthreads passes that on, as in grid_sync
  * (the data are read with ld.global.cg: never from a stale L1 line).  The
  * counts go back to 0 in each router phase (moe_router), which a grid
  * barrier separates from every producer and consumer of the counts. */
@@ -111,11 +112,14 @@ __device__ __forceinline__ void flag_signal(unsigned *flag)
         red_release_add(flag, 1u);
 }
 
-/* Every thread calls; ends with __syncthreads. */
-__device__ __forceinline__ void flag_wait(const unsigned *flag, unsigned count)
+/* Until flag reaches count (and flag2 count2, if given).  Every thread
+ * calls; ends with __syncthreads. */
+__device__ __forceinline__ void flag_wait(const unsigned *flag, unsigned count,
+                                          const unsigned *flag2 = nullptr,
+                                          unsigned count2 = 0)
 {
     if (threadIdx.x == 0)
-        while (ld_acquire(flag) < count)
+        while (ld_acquire(flag) < count || (flag2 && ld_acquire(flag2) < count2))
             ;
     __syncthreads();
 }

@@ -130,13 +130,8 @@ __device__ __noinline__ void kda_delta(const StepParams &P, const LayerDev &L, f
             int k = w * 8 + i;
             s[i] = S[(size_t)k * 128];
         }
-        if (P.use_flags) {
-            if (threadIdx.x == 0)
-                while (ld_acquire(P.flags + HDC_FL_HEAD + hh) < 4u ||
-                       ld_acquire(P.flags + HDC_FL_BETA) < 1u)
-                    ;
-            __syncthreads();
-        }
+        if (P.use_flags)
+            flag_wait(P.flags + HDC_FL_HEAD + hh, 4u, P.flags + HDC_FL_BETA, 1u);
         /* beta through shared memory: one request a CTA instead of one a
          * warp on the line that every CTA reads */
         float *bsh = sm + 1024;
