@@ -98,7 +98,7 @@ for stage in "$@"; do
         LD_LIBRARY_PATH=$ld_b timeout 120 $b/tests/.libs/bench_cuda 256 40 cuda 0 4096 32768 \
             >"$OUT/bench.log" 2>&1
         grep -E "^bench|^info" "$OUT/bench.log" | tee -a "$summary"
-        grep "^phases" "$OUT/bench.log"
+        grep -E "^phases|^step" "$OUT/bench.log"
         # BENCH_SPLITS="2 4 8": the same at context 4096 with every GEMV
         # forced to that many warps a block (HD_CUDA_SPLIT)
         for sp in ${BENCH_SPLITS:-}; do
@@ -113,7 +113,7 @@ for stage in "$@"; do
             env ${ev//+/ } LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda 4096 \
                 >"$OUT/bench-$ev.log" 2>&1
             echo "$ev: $(grep -E '^bench' "$OUT/bench-$ev.log")" | tee -a "$summary"
-            grep "^phases" "$OUT/bench-$ev.log"
+            grep -E "^phases|^step" "$OUT/bench-$ev.log"
         done
         ;;
     trace)

@@ -200,7 +200,9 @@ END_TEST
  * a model is loaded: the tensor-core attention also where the splits are
  * short (one partial block of 64 tokens, or a single token), the CUDA-core
  * one also where they are long, the GEMV ring primed before the grid
- * barriers, and grid barriers in place of the flags. */
+ * barriers, grid barriers in place of the flags, the step's input and
+ * output through copies (not the launch's parameters and mapped memory),
+ * and a GEMV ring of two slots. */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;
@@ -210,7 +212,8 @@ static const vs_env_case VS_ENV[] = {
     {"HD_CUDA_ATTN", "tc", {16, 0, 3}},      {"HD_CUDA_ATTN", "tc", {16, 5, 3}},
     {"HD_CUDA_ATTN", "tc", {64, 129, 2}},    {"HD_CUDA_ATTN", "tc", {64, 1000, 2}},
     {"HD_CUDA_ATTN", "scalar", {64, 20000, 1}}, {"HD_CUDA_PRIME", "1", {64, 97, 3}},
-    {"HD_CUDA_FLAGS", "0", {64, 97, 3}},
+    {"HD_CUDA_FLAGS", "0", {64, 97, 3}},     {"HD_CUDA_IO", "copy", {16, 5, 3}},
+    {"HD_CUDA_SLOTS", "2", {64, 97, 2}},
 };
 
 START_TEST(test_vs_ref_env)

@@ -218,6 +218,8 @@ __device__ __forceinline__ void gtr_mark(int ev, int jb)
     }
 }
 
+__constant__ int g_slots_cap; /* HD_CUDA_SLOTS (0: as many as fit) */
+
 /* The ring's geometry for a task: slot size and slot count. */
 __device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
 {
@@ -225,6 +227,8 @@ __device__ __forceinline__ int ring_slots(int K, int NJB, uint32_t &slot_bytes)
     slot_bytes = (uint32_t)KU * 512u + (uint32_t)(KU / 2) * 128u;
     int ns = GEMV_RING_BYTES / slot_bytes;
     ns = ns < GEMV_RING_SLOTS ? ns : GEMV_RING_SLOTS;
+    if (g_slots_cap && ns > g_slots_cap)
+        ns = g_slots_cap;
     return ns < NJB ? ns : NJB;
 }
 

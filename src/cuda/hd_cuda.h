@@ -54,8 +54,10 @@ struct StepParams {
     int pos;                  /* this token's position = rows in the cache */
     int nsplit, split_len;    /* attention splits over pos + 1 tokens */
     /* scratch */
-    const uint16_t *hin;
-    uint16_t *hout;
+    const uint16_t *hin; /* the step's input: device scratch, or nullptr
+                          * when it travels in hin_v (below) */
+    uint16_t *hout;      /* the output: device scratch, or page-locked host
+                          * memory mapped into the device (HD_CUDA_IO) */
     float *h;      /* [2304] the hidden vector */
     float *act;    /* [4][4096]: KDA q, k, v activations, decay */
     float *beta;   /* [32] */
@@ -81,12 +83,16 @@ struct StepParams {
                     * the whole grid (HD_CUDA_FLAGS=0: grid barriers) */
     unsigned long long *trace; /* HD_CUDA_TRACE: [grid][HDC_TRACE_PTS] times of layer 0 */
     unsigned long long *timers; /* [128] phase end times (CTA 0), ns */
+    /* The step's input (bf16) in the launch's parameters: no copy ahead of
+     * the launch (CUDA 12.1 and later take up to 32764 bytes of them). */
+    uint16_t hin_v[2304];
 };
 
 /* mega.cu */
 /* split: 0, or the warps per GEMV block to use always (1, 2, ..., 16;
- * HD_CUDA_SPLIT, for measurements). */
-cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split);
+ * HD_CUDA_SPLIT, for measurements); slots: the most ring slots a GEMV
+ * may fill (1 .. 16, 0 for no limit; HD_CUDA_SLOTS). */
+cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split, int slots);
 cudaError_t hdc_gemv_trace(unsigned long long *host, int on);
 cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream);
 

@@ -10,16 +10,37 @@
 #include "mla.cuh"
 #include "moe.cuh"
 
-/* gemv_prime of the next phase's first GEMV: which maps, from the
- * phase's own *_tiles function (0 maps: nothing to prime). */
-#define PRIME(call)                                                                      \
+/* gemv_prime of a phase's first GEMV: which maps, from the phase's own
+ * *_tiles function (0 maps: nothing to prime).  Out of line, so that the
+ * tiles' array is not part of the kernel's own frame. */
+enum PrimeWhat { PR_KPROJ, PR_MPROJ, PR_OPROJ_K, PR_OPROJ_M, PR_ROUTER, PR_DOWN };
+
+__device__ __noinline__ void prime_phase(const LayerDev &L, int what, const float *sm)
+{
+    MatTile m[4];
+    int nb = 0, k = 0, n = 0;
+    switch (what) {
+    case PR_KPROJ: n = kda_proj_tiles(L, m, nb, k); break;
+    case PR_MPROJ: n = mla_proj_tiles(L, m, nb, k); break;
+    case PR_OPROJ_K: n = out_proj_tiles(L.p[4], m, nb, k); break;
+    case PR_OPROJ_M: n = out_proj_tiles(L.p[3], m, nb, k); break;
+    case PR_ROUTER: n = moe_router_tiles(L, m, nb, k); break;
+    default:
+        n = moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_SEL), m, nb, k);
+        break;
+    }
+    gemv_prime(m, n, nb, k);
+}
+
+/* HD_CUDA_PRIME=1: before the grid barrier ahead of the phase.  (Priming
+ * at the phase's start instead, ahead of its RMSNorm, was slower still:
+ * 430 against 385 us at context 4096, every primed phase 2.5-4.5 us
+ * longer, device call 2 of 2026-12-04: the small loads of the RMSNorm
+ * wait behind the bulk copies.) */
+#define PRIME(layer, what)                                                               \
     do {                                                                                 \
-        if (P.prime) {                                                                   \
-            MatTile pm_[4];                                                              \
-            int pnb_, pk_;                                                               \
-            const int pn_ = call;                                                        \
-            gemv_prime(pm_, pn_, pnb_, pk_);                                             \
-        }                                                                                \
+        if (P.prime)                                                                     \
+            prime_phase(layer, what, sm);                                                \
     } while (0)
 
 __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
@@ -62,7 +83,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             if (pf)
                 moe_router_prefetch(P, L);
             kda_delta(P, L, sm);
-            PRIME(out_proj_tiles(L.p[4], pm_, pnb_, pk_));
+            PRIME(L, PR_OPROJ_K);
             trace_mark(tr, 3);
             grid_sync(P.bar, gt);
             trace_mark(tr, 4);
@@ -98,14 +119,14 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             trace_mark(tm, 28);
             phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
-            PRIME(out_proj_tiles(L.p[3], pm_, pnb_, pk_));
+            PRIME(L, PR_OPROJ_M);
             trace_mark(tm, 29);
             grid_sync(P.bar, gt);
             trace_mark(tm, 30);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm, nullptr);
         }
-        PRIME(moe_router_tiles(L, pm_, pnb_, pk_));
+        PRIME(L, PR_ROUTER);
         trace_mark(tr, 5);
         grid_sync(P.bar, gt);
         trace_mark(tr, 6);
@@ -116,8 +137,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
-        PRIME(moe_down_tiles(L, reinterpret_cast<const int *>(sm + SM_SEL), pm_, pnb_,
-                             pk_));
+        PRIME(L, PR_DOWN);
         trace_mark(tr, 9);
         if (!P.use_flags) /* else each down map waits for its expert's flag */
             grid_sync(P.bar, gt);
@@ -133,9 +153,9 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         if (!last) {
             const LayerDev &N = P.layers[l + 1];
             if (N.kind == 'K')
-                PRIME(kda_proj_tiles(N, pm_, pnb_, pk_));
+                PRIME(N, PR_KPROJ);
             else
-                PRIME(mla_proj_tiles(N, pm_, pnb_, pk_));
+                PRIME(N, PR_MPROJ);
         }
         trace_mark(tr, 11);
         if (!last)
@@ -145,12 +165,15 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     grid_exit(P.bar, gt);
 }
 
-cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split)
+cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split, int slots)
 {
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return e;
     e = cudaMemcpyToSymbol(g_split_force, &split, sizeof split);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaMemcpyToSymbol(g_slots_cap, &slots, sizeof slots);
     if (e != cudaSuccess)
         return e;
     e = cudaFuncSetAttribute(hd_mega, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -160,6 +183,10 @@ cudaError_t hdc_kernel_setup(int device, int *ctas_per_sm, int split)
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, hd_mega,
                                                          HDC_THREADS, HDC_SMEM_BYTES);
 }
+
+/* The launch's parameters (the input included) within the 32764 bytes
+ * that CUDA 12.1 and later allow. */
+static_assert(sizeof(StepParams) <= 32764, "kernel parameters");
 
 cudaError_t hdc_launch(const StepParams *p, int grid, cudaStream_t stream)
 {

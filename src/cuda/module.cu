@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <algorithm>
 #include <vector>
 
@@ -27,9 +28,16 @@ struct CudaModel {
     StepParams base;         /* scratch pointers filled in */
     size_t parts_splits;
     /* Page-locked staging of a step's input and output (HD_HIDDEN bf16
-     * each): a copy from pageable memory goes through the driver's own
-     * staging buffer and blocks the host */
+     * each), mapped into the device: a copy from pageable memory goes
+     * through the driver's own staging buffer and blocks the host */
     uint16_t *pinned;
+    /* How a step's vectors travel (HD_CUDA_IO): direct, the input in the
+     * launch's parameters and the output written by the kernel straight
+     * into pinned (mapped); or copy, one copy each way through device
+     * scratch (the first version) */
+    bool io_direct;
+    uint16_t *hout_dev; /* the device's address of pinned + HD_HIDDEN */
+    uint16_t *hin_scratch, *hout_scratch;
 };
 
 struct CudaState {
@@ -132,7 +140,17 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         int split = sp ? atoi(sp) : 0;
         if (split != 1 && split != 2 && split != 4 && split != 8 && split != 16)
             split = 0;
-        CK(hdc_kernel_setup(cm->device, &per_sm, split));
+        /* HD_CUDA_SLOTS=N (1 .. 16): at most N ring slots a GEMV, fewer
+         * bulk copies in flight an SM.  4 or 5 measured 1-1.5 % faster at
+         * context 4096 than as many as fit (up to 7 for K = 2304, 16 for
+         * K = 1024), in two device calls of 2026-12-04; 2 slots 5 %
+         * slower (docs/PERF-CUDA.md, v8).  Not the default until the
+         * whole CUDA suite has run with it. */
+        const char *sl = getenv("HD_CUDA_SLOTS");
+        int slots = sl ? atoi(sl) : 0;
+        if (slots < 1 || slots > 16)
+            slots = 0;
+        CK(hdc_kernel_setup(cm->device, &per_sm, split, slots));
     }
     if (!coop || per_sm < 1) {
         st = fail(err, err_size, HD_ERR_BACKEND,
@@ -294,7 +312,16 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
-    CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer((void **)&cm->hout_dev, cm->pinned + HD_HIDDEN, 0));
+    cm->hin_scratch = (uint16_t *)cm->base.hin;
+    cm->hout_scratch = cm->base.hout;
+    {
+        /* HD_CUDA_IO=copy: the input and output through device scratch,
+         * one copy each way (measurements, cross-checks) */
+        const char *io = getenv("HD_CUDA_IO");
+        cm->io_direct = !(io && strcmp(io, "copy") == 0);
+    }
     snprintf(model->backend_info, sizeof model->backend_info,
              "cuda (%s, %d CTAs x %d threads, one cooperative launch a step)",
              prop.name, cm->grid, HDC_THREADS);
@@ -521,27 +548,64 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
         p.split_len = (int)((T + ns - 1) / ns);
     }
     pthread_mutex_lock(&step_lock);
+    const bool timed = getenv("HD_CUDA_PHASES") != nullptr;
+    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+    struct timespec w0, w1;
     e = cudaSetDevice(cm->device);
-    memcpy(cm->pinned, in, HD_HIDDEN * 2);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync((void *)p.hin, cm->pinned, HD_HIDDEN * 2, cudaMemcpyHostToDevice,
-                            cm->stream);
-    if (e == cudaSuccess && p.trace && getenv("HD_CUDA_PHASES")) {
+    if (e == cudaSuccess && timed)
+        for (int i = 0; i < 4 && e == cudaSuccess; i++)
+            e = cudaEventCreate(&ev[i]);
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    if (e == cudaSuccess && timed)
+        e = cudaEventRecord(ev[0], cm->stream);
+    if (cm->io_direct) {
+        memcpy(p.hin_v, in, HD_HIDDEN * 2);
+        p.hin = nullptr;
+        p.hout = cm->hout_dev;
+    } else {
+        memcpy(cm->pinned, in, HD_HIDDEN * 2);
+        p.hin = cm->hin_scratch;
+        p.hout = cm->hout_scratch;
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(cm->hin_scratch, cm->pinned, HD_HIDDEN * 2,
+                                cudaMemcpyHostToDevice, cm->stream);
+    }
+    if (e == cudaSuccess && p.trace && timed) {
         /* HD_CUDA_TRACE=N: CTA 5's N-th GEMV call (1 when N is not a number) */
         const int n = atoi(getenv("HD_CUDA_TRACE"));
         e = hdc_gemv_trace(nullptr, n > 0 ? n : 1);
     }
+    if (e == cudaSuccess && timed)
+        e = cudaEventRecord(ev[1], cm->stream);
     if (e == cudaSuccess)
         e = hdc_launch(&p, cm->grid, cm->stream);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(cm->pinned + HD_HIDDEN, p.hout, HD_HIDDEN * 2,
+    if (e == cudaSuccess && timed)
+        e = cudaEventRecord(ev[2], cm->stream);
+    if (e == cudaSuccess && !cm->io_direct)
+        e = cudaMemcpyAsync(cm->pinned + HD_HIDDEN, cm->hout_scratch, HD_HIDDEN * 2,
                             cudaMemcpyDeviceToHost, cm->stream);
+    if (e == cudaSuccess && timed)
+        e = cudaEventRecord(ev[3], cm->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(cm->stream);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    /* the kernel's writes to mapped memory are visible once the stream
+     * has synchronized */
     if (e == cudaSuccess)
         memcpy(out, cm->pinned + HD_HIDDEN, HD_HIDDEN * 2);
-    if (e == cudaSuccess && getenv("HD_CUDA_PHASES"))
+    if (e == cudaSuccess && timed) {
+        float ms[3] = {0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 3; i++)
+            cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
+        fprintf(stderr, "step (us, %s io): wall %.1f; events: input %.1f, launch to kernel end %.1f, output %.1f\n",
+                cm->io_direct ? "direct" : "copy",
+                (double)(w1.tv_sec - w0.tv_sec) * 1e6 + (double)(w1.tv_nsec - w0.tv_nsec) * 1e-3,
+                ms[0] * 1e3, ms[1] * 1e3, ms[2] * 1e3);
         print_phases(model, &p, cm->stream);
+    }
+    for (int i = 0; i < 4; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
     if (e != cudaSuccess) {
         /* Put the barrier and the down counters back at rest for a later
          * launch. */
