@@ -523,6 +523,8 @@ static void print_phases(const hd_model *model, const StepParams *p,
     }
 }
 
+static_assert(sizeof(StepParams::hin_v) == HD_HIDDEN * 2, "the input in the parameters");
+
 static hd_status cuda_step(const hd_model *model, hd_state *state,
                            const uint16_t *in, uint16_t *out)
 {
