@@ -18,7 +18,15 @@
 #define PF_AHEAD 4096
 #define PF_BYTES 1024
 
-static inline const char *pf_pass_step(const char *pf)
+/* Always inlined, and this matters: GCC 12 finds a function whose only
+ * effects are prefetches "const" (prefetches are not side effects to its
+ * pure-const analysis), and a chain of const calls whose last result is
+ * unused is dead code.  Left to the late inliner, pf_pass_step's calls
+ * were deleted: the step of commit f0ff367 lost the pass's prefetches,
+ * and the avx512bf16 GEMV took 2.2-3.1 x a plain read instead of
+ * 1.03-1.2 x (docs/PERFORMANCE.md, fifth session).  Inlined early, the
+ * prefetches are ordinary statements of the caller and stay. */
+static inline __attribute__((always_inline)) const char *pf_pass_step(const char *pf)
 {
     _mm_prefetch(pf, _MM_HINT_T0);
     _mm_prefetch(pf + 64, _MM_HINT_T0);
@@ -28,7 +36,7 @@ static inline const char *pf_pass_step(const char *pf)
     return pf + 2 * CPU_TILE_BYTES;
 }
 
-static inline void pf_tail_step(const uint8_t *t)
+static inline __attribute__((always_inline)) void pf_tail_step(const uint8_t *t)
 {
     _mm_prefetch((const char *)(t + PF_BYTES), _MM_HINT_T0);
     _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
