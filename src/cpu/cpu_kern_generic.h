@@ -169,6 +169,54 @@ static inline void gen_mla_scores2x2(const float *cf, const float *kf, const flo
     sc[(h + 1) * GC + r + 1] = ghsum(a11 + b11) * scale;
 }
 
+#if GVW >= 16
+/* Heads h .. h + 3 at once where there are registers for it (AVX-512:
+ * 16 accumulators of 32): 12 vector loads per 16 multiply-adds instead
+ * of 8 per 8, the query vectors feeding two tokens and the cache vectors
+ * four heads; each score summed exactly as gen_mla_scores2x2 sums it. */
+#define GEN_MLA_HB 4
+_Static_assert(GH % 4 == 0, "heads go four at a time");
+static inline void gen_mla_scores4x2(const float *cf, const float *kf, const float *qlat,
+                                     const float *qrope, int h, int r, float *sc,
+                                     float scale)
+{
+    const float *c0 = cf + r * GL, *c1 = c0 + GL;
+    gvf a[4][2], b[4][2]; /* head, token */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        a[k][0] = a[k][1] = b[k][0] = b[k][1] = (gvf){ 0 };
+    for (int d = 0; d < GL; d += 2 * GVW) {
+        const gvf ca = gload(c0 + d), cb = gload(c0 + d + GVW);
+        const gvf da = gload(c1 + d), db = gload(c1 + d + GVW);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const float *q = qlat + (h + k) * GL + d;
+            const gvf qa = gload(q), qb = gload(q + GVW);
+            a[k][0] += qa * ca;
+            b[k][0] += qb * cb;
+            a[k][1] += qa * da;
+            b[k][1] += qb * db;
+        }
+    }
+    for (int d = 0; d < GR; d += GVW) {
+        const gvf k0 = gload(kf + r * GR + d), k1 = gload(kf + (r + 1) * GR + d);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const gvf qr = gload(qrope + (h + k) * GR + d);
+            a[k][0] += qr * k0;
+            a[k][1] += qr * k1;
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        sc[(h + k) * GC + r] = ghsum(a[k][0] + b[k][0]) * scale;
+        sc[(h + k) * GC + r + 1] = ghsum(a[k][1] + b[k][1]) * scale;
+    }
+}
+#else
+#define GEN_MLA_HB 2
+#endif
+
 /* One token's score for one head, summed in the same order. */
 static inline float gen_mla_score1(const float *cf, const float *kf, const float *qh,
                                    const float *rh, int r)
@@ -222,6 +270,42 @@ static inline void gen_mla_values2(const float *cf, const float *sc, int h, int 
     }
 }
 
+#if GVW >= 16
+/* The same for heads h .. h + 3 (AVX-512): each cache vector loaded
+ * feeds four heads, 8 loads per 16 multiply-adds instead of 6 per 8;
+ * every accumulator adds the tokens in the same order. */
+static inline void gen_mla_values4(const float *cf, const float *sc, int h, int n,
+                                   float *acc)
+{
+    for (int d = 0; d < GL; d += 4 * GVW) {
+        gvf x[4][4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                x[k][j] = gload(acc + (h + k) * GL + d + j * GVW);
+        for (int r = 0; r < n; r++) {
+            const float *c = cf + r * GL + d;
+            const gvf c0 = gload(c), c1 = gload(c + GVW);
+            const gvf c2 = gload(c + 2 * GVW), c3 = gload(c + 3 * GVW);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const float p = sc[(h + k) * GC + r];
+                x[k][0] += p * c0;
+                x[k][1] += p * c1;
+                x[k][2] += p * c2;
+                x[k][3] += p * c3;
+            }
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                gstore(acc + (h + k) * GL + d + j * GVW, x[k][j]);
+    }
+}
+#endif
+
 /* Tokens [t0, t1) of the MLA attention for all heads: per head the
  * running maximum m, the sum l of exp(score - m) and acc = sum of
  * exp(score - m) c_kv, chunk by chunk of GC tokens (widened to fp32 once
@@ -252,12 +336,16 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             for (int d = 0; d < GR; d += GVW)
                 gstore(kf + r * GR + d, gload_bf16(kr + d));
         }
-        for (int h = 0; h < GH; h += 2) {
+        for (int h = 0; h < GH; h += GEN_MLA_HB) {
             int r = 0;
             for (; r + 2 <= n; r += 2)
+#if GVW >= 16
+                gen_mla_scores4x2(cf, kf, qlat, qrope, h, r, sc, score_scale);
+#else
                 gen_mla_scores2x2(cf, kf, qlat, qrope, h, r, sc, score_scale);
+#endif
             for (; r < n; r++)
-                for (int k = h; k < h + 2; k++)
+                for (int k = h; k < h + GEN_MLA_HB; k++)
                     sc[k * GC + r] =
                         gen_mla_score1(cf, kf, qlat + k * GL, qrope + k * GR, r) * score_scale;
         }
@@ -283,8 +371,13 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                 ls += sh[r];
             l[h] += (float)ls;
         }
+#if GVW >= 16
+        for (int h = 0; h < GH; h += 4)
+            gen_mla_values4(cf, sc, h, n, acc);
+#else
         for (int h = 0; h < GH; h += 2)
             gen_mla_values2(cf, sc, h, n, acc);
+#endif
     }
 }
 
