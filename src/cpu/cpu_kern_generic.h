@@ -125,71 +125,36 @@ static void gen_absorb(const uint16_t *wk, const float *qn, float *ql)
 #define GR HD_MLA_QK_ROPE
 #define GH HD_MLA_HEADS
 #define GC CPU_MLA_CHUNK
-_Static_assert(GH % 2 == 0, "heads go two at a time");
 
-/* The scores of tokens r, r + 1 of the chunk for heads h, h + 1: every
- * query vector loaded feeds two tokens, every cache vector two heads
- * (one load per multiply-add instead of 1.5).  Each score is summed as a
- * head at a time would sum it: even vectors of d in one accumulator, odd
- * ones in the other, then the rope part onto the even one. */
-static inline void gen_mla_scores2x2(const float *cf, const float *kf, const float *qlat,
-                                     const float *qrope, int h, int r, float *sc,
-                                     float scale)
-{
-    const float *q0 = qlat + h * GL, *q1 = q0 + GL;
-    const float *c0 = cf + r * GL, *c1 = c0 + GL;
-    gvf a00 = { 0 }, a01 = { 0 }, a10 = { 0 }, a11 = { 0 }; /* head, token */
-    gvf b00 = { 0 }, b01 = { 0 }, b10 = { 0 }, b11 = { 0 };
-    for (int d = 0; d < GL; d += 2 * GVW) {
-        const gvf ca = gload(c0 + d), cb = gload(c0 + d + GVW);
-        const gvf da = gload(c1 + d), db = gload(c1 + d + GVW);
-        const gvf qa = gload(q0 + d), qb = gload(q0 + d + GVW);
-        a00 += qa * ca;
-        b00 += qb * cb;
-        a01 += qa * da;
-        b01 += qb * db;
-        const gvf pa = gload(q1 + d), pb = gload(q1 + d + GVW);
-        a10 += pa * ca;
-        b10 += pb * cb;
-        a11 += pa * da;
-        b11 += pb * db;
-    }
-    const float *r0 = qrope + h * GR, *r1 = r0 + GR;
-    for (int d = 0; d < GR; d += GVW) {
-        const gvf k0 = gload(kf + r * GR + d), k1 = gload(kf + (r + 1) * GR + d);
-        const gvf qr = gload(r0 + d), pr = gload(r1 + d);
-        a00 += qr * k0;
-        a01 += qr * k1;
-        a10 += pr * k0;
-        a11 += pr * k1;
-    }
-    sc[h * GC + r] = ghsum(a00 + b00) * scale;
-    sc[h * GC + r + 1] = ghsum(a01 + b01) * scale;
-    sc[(h + 1) * GC + r] = ghsum(a10 + b10) * scale;
-    sc[(h + 1) * GC + r + 1] = ghsum(a11 + b11) * scale;
-}
-
+/* Heads at a time in the attention's loops: 4 where there are 32 vector
+ * registers (AVX-512: 16 accumulators), else 2.  Every query vector
+ * loaded feeds two tokens, every cache vector HB heads: 12 loads per 16
+ * multiply-adds with 4 heads, 8 per 8 with 2 (Zen 4 loads one zmm a
+ * cycle, so the loads, not the FMAs, set the pace; docs/PERFORMANCE.md). */
 #if GVW >= 16
-/* Heads h .. h + 3 at once where there are registers for it (AVX-512:
- * 16 accumulators of 32): 12 vector loads per 16 multiply-adds instead
- * of 8 per 8, the query vectors feeding two tokens and the cache vectors
- * four heads; each score summed exactly as gen_mla_scores2x2 sums it. */
-#define GEN_MLA_HB 4
-_Static_assert(GH % 4 == 0, "heads go four at a time");
-static inline void gen_mla_scores4x2(const float *cf, const float *kf, const float *qlat,
-                                     const float *qrope, int h, int r, float *sc,
-                                     float scale)
+#define HB 4
+#else
+#define HB 2
+#endif
+_Static_assert(GH % HB == 0, "whole groups of heads");
+
+/* The scores of tokens r, r + 1 of the chunk for heads h .. h + HB - 1.
+ * Each score is summed as a head at a time would sum it: even vectors of
+ * d in one accumulator, odd ones in the other, then the rope part onto
+ * the even one. */
+static inline void gen_mla_scores(const float *cf, const float *kf, const float *qlat,
+                                  const float *qrope, int h, int r, float *sc, float scale)
 {
     const float *c0 = cf + r * GL, *c1 = c0 + GL;
-    gvf a[4][2], b[4][2]; /* head, token */
+    gvf a[HB][2], b[HB][2]; /* head, token */
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < HB; k++)
         a[k][0] = a[k][1] = b[k][0] = b[k][1] = (gvf){ 0 };
     for (int d = 0; d < GL; d += 2 * GVW) {
         const gvf ca = gload(c0 + d), cb = gload(c0 + d + GVW);
         const gvf da = gload(c1 + d), db = gload(c1 + d + GVW);
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < HB; k++) {
             const float *q = qlat + (h + k) * GL + d;
             const gvf qa = gload(q), qb = gload(q + GVW);
             a[k][0] += qa * ca;
@@ -201,21 +166,18 @@ static inline void gen_mla_scores4x2(const float *cf, const float *kf, const flo
     for (int d = 0; d < GR; d += GVW) {
         const gvf k0 = gload(kf + r * GR + d), k1 = gload(kf + (r + 1) * GR + d);
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < HB; k++) {
             const gvf qr = gload(qrope + (h + k) * GR + d);
             a[k][0] += qr * k0;
             a[k][1] += qr * k1;
         }
     }
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < HB; k++) {
         sc[(h + k) * GC + r] = ghsum(a[k][0] + b[k][0]) * scale;
         sc[(h + k) * GC + r + 1] = ghsum(a[k][1] + b[k][1]) * scale;
     }
 }
-#else
-#define GEN_MLA_HB 2
-#endif
 
 /* One token's score for one head, summed in the same order. */
 static inline float gen_mla_score1(const float *cf, const float *kf, const float *qh,
@@ -232,55 +194,15 @@ static inline float gen_mla_score1(const float *cf, const float *kf, const float
     return ghsum(a0 + b0);
 }
 
-/* acc[h] += sum_r p_h[r] c[r] and the same for head h + 1, over the n
- * tokens of the chunk in order: each cache vector loaded feeds both
- * heads. */
-static inline void gen_mla_values2(const float *cf, const float *sc, int h, int n,
-                                   float *acc)
-{
-    const float *p0 = sc + h * GC, *p1 = p0 + GC;
-    float *a = acc + h * GL, *b = a + GL;
-    for (int d = 0; d < GL; d += 4 * GVW) {
-        gvf x0 = gload(a + d), x1 = gload(a + d + GVW);
-        gvf x2 = gload(a + d + 2 * GVW), x3 = gload(a + d + 3 * GVW);
-        gvf y0 = gload(b + d), y1 = gload(b + d + GVW);
-        gvf y2 = gload(b + d + 2 * GVW), y3 = gload(b + d + 3 * GVW);
-        for (int r = 0; r < n; r++) {
-            const float *c = cf + r * GL + d;
-            const gvf c0 = gload(c), c1 = gload(c + GVW);
-            const gvf c2 = gload(c + 2 * GVW), c3 = gload(c + 3 * GVW);
-            const float p = p0[r], q = p1[r];
-            x0 += p * c0;
-            x1 += p * c1;
-            x2 += p * c2;
-            x3 += p * c3;
-            y0 += q * c0;
-            y1 += q * c1;
-            y2 += q * c2;
-            y3 += q * c3;
-        }
-        gstore(a + d, x0);
-        gstore(a + d + GVW, x1);
-        gstore(a + d + 2 * GVW, x2);
-        gstore(a + d + 3 * GVW, x3);
-        gstore(b + d, y0);
-        gstore(b + d + GVW, y1);
-        gstore(b + d + 2 * GVW, y2);
-        gstore(b + d + 3 * GVW, y3);
-    }
-}
-
-#if GVW >= 16
-/* The same for heads h .. h + 3 (AVX-512): each cache vector loaded
- * feeds four heads, 8 loads per 16 multiply-adds instead of 6 per 8;
- * every accumulator adds the tokens in the same order. */
-static inline void gen_mla_values4(const float *cf, const float *sc, int h, int n,
-                                   float *acc)
+/* acc[k] += sum_r p_k[r] c[r] for the heads k = h .. h + HB - 1, over
+ * the n tokens of the chunk in order: each cache vector loaded feeds all
+ * HB heads. */
+static inline void gen_mla_values(const float *cf, const float *sc, int h, int n, float *acc)
 {
     for (int d = 0; d < GL; d += 4 * GVW) {
-        gvf x[4][4];
+        gvf x[HB][4];
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < HB; k++)
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 x[k][j] = gload(acc + (h + k) * GL + d + j * GVW);
@@ -289,7 +211,7 @@ static inline void gen_mla_values4(const float *cf, const float *sc, int h, int 
             const gvf c0 = gload(c), c1 = gload(c + GVW);
             const gvf c2 = gload(c + 2 * GVW), c3 = gload(c + 3 * GVW);
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < HB; k++) {
                 const float p = sc[(h + k) * GC + r];
                 x[k][0] += p * c0;
                 x[k][1] += p * c1;
@@ -298,20 +220,19 @@ static inline void gen_mla_values4(const float *cf, const float *sc, int h, int 
             }
         }
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < HB; k++)
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 gstore(acc + (h + k) * GL + d + j * GVW, x[k][j]);
     }
 }
-#endif
 
 /* Tokens [t0, t1) of the MLA attention for all heads: per head the
  * running maximum m, the sum l of exp(score - m) and acc = sum of
  * exp(score - m) c_kv, chunk by chunk of GC tokens (widened to fp32 once
- * a chunk).  A chunk's scores of all heads come first, two heads and two
+ * a chunk).  A chunk's scores of all heads come first, HB heads and two
  * tokens at a time, then each head's maximum, rescale and exponentials,
- * then the values two heads at a time; every head's arithmetic is that of
+ * then the values HB heads at a time; every head's arithmetic is that of
  * a head computed alone, in the same order. */
 static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                           size_t t0, size_t t1, const float *qlat,
@@ -336,16 +257,12 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             for (int d = 0; d < GR; d += GVW)
                 gstore(kf + r * GR + d, gload_bf16(kr + d));
         }
-        for (int h = 0; h < GH; h += GEN_MLA_HB) {
+        for (int h = 0; h < GH; h += HB) {
             int r = 0;
             for (; r + 2 <= n; r += 2)
-#if GVW >= 16
-                gen_mla_scores4x2(cf, kf, qlat, qrope, h, r, sc, score_scale);
-#else
-                gen_mla_scores2x2(cf, kf, qlat, qrope, h, r, sc, score_scale);
-#endif
+                gen_mla_scores(cf, kf, qlat, qrope, h, r, sc, score_scale);
             for (; r < n; r++)
-                for (int k = h; k < h + GEN_MLA_HB; k++)
+                for (int k = h; k < h + HB; k++)
                     sc[k * GC + r] =
                         gen_mla_score1(cf, kf, qlat + k * GL, qrope + k * GR, r) * score_scale;
         }
@@ -371,13 +288,8 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                 ls += sh[r];
             l[h] += (float)ls;
         }
-#if GVW >= 16
-        for (int h = 0; h < GH; h += 4)
-            gen_mla_values4(cf, sc, h, n, acc);
-#else
-        for (int h = 0; h < GH; h += 2)
-            gen_mla_values2(cf, sc, h, n, acc);
-#endif
+        for (int h = 0; h < GH; h += HB)
+            gen_mla_values(cf, sc, h, n, acc);
     }
 }
 

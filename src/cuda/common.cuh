@@ -258,6 +258,19 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
     xs_finish(xs, HDC_D, 1);
 }
 
+/* A layer's x = norm(h) (rmsnorm_xs); in the step's first layer h is the
+ * step's input (device scratch, or the launch's parameters), which CTA 0
+ * also stores as h. */
+__device__ __forceinline__ void layer_norm_in(const StepParams &P, const uint16_t *weight,
+                                              bool first, float *xs, float *red)
+{
+    const uint16_t *hin = P.hin ? P.hin : P.hin_v;
+    rmsnorm_xs(P.h, first ? hin : nullptr, weight, xs, red);
+    if (first && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
+            P.h[i] = bf16f(hin[i]);
+}
+
 /* A vector of N values other CTAs wrote (global) into the padded layout,
  * every thread's loads in flight at once; parts as for xs_finish. */
 template <int N>

@@ -28,11 +28,7 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int ntask = MLA_Q / 32 + MLA_KV / 32;
-    const uint16_t *hin = P.hin ? P.hin : P.hin_v;
-    rmsnorm_xs(P.h, first ? hin : nullptr, L.attn_norm, xs, sm + SM_MISC);
-    if (first && blockIdx.x == 0)
-        for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
-            P.h[i] = bf16f(hin[i]);
+    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC);
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < ntask; t0 += 2 * gridDim.x) {
         const int nt = t0 + gridDim.x < ntask ? 2 : 1;

@@ -37,7 +37,6 @@ struct CudaModel {
      * scratch (the first version) */
     bool io_direct;
     uint16_t *hout_dev; /* the device's address of pinned + HD_HIDDEN */
-    uint16_t *hin_scratch, *hout_scratch;
 };
 
 struct CudaState {
@@ -314,8 +313,6 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocMapped));
     CK(cudaHostGetDevicePointer((void **)&cm->hout_dev, cm->pinned + HD_HIDDEN, 0));
-    cm->hin_scratch = (uint16_t *)cm->base.hin;
-    cm->hout_scratch = cm->base.hout;
     {
         /* HD_CUDA_IO=copy: the input and output through device scratch,
          * one copy each way (measurements, cross-checks) */
@@ -560,16 +557,14 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     clock_gettime(CLOCK_MONOTONIC, &w0);
     if (e == cudaSuccess && timed)
         e = cudaEventRecord(ev[0], cm->stream);
-    if (cm->io_direct) {
+    if (cm->io_direct) { /* else p.hin and p.hout are cm->base's scratch */
         memcpy(p.hin_v, in, HD_HIDDEN * 2);
         p.hin = nullptr;
         p.hout = cm->hout_dev;
     } else {
         memcpy(cm->pinned, in, HD_HIDDEN * 2);
-        p.hin = cm->hin_scratch;
-        p.hout = cm->hout_scratch;
         if (e == cudaSuccess)
-            e = cudaMemcpyAsync(cm->hin_scratch, cm->pinned, HD_HIDDEN * 2,
+            e = cudaMemcpyAsync((void *)p.hin, cm->pinned, HD_HIDDEN * 2,
                                 cudaMemcpyHostToDevice, cm->stream);
     }
     if (e == cudaSuccess && p.trace && timed) {
@@ -584,7 +579,7 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (e == cudaSuccess && timed)
         e = cudaEventRecord(ev[2], cm->stream);
     if (e == cudaSuccess && !cm->io_direct)
-        e = cudaMemcpyAsync(cm->pinned + HD_HIDDEN, cm->hout_scratch, HD_HIDDEN * 2,
+        e = cudaMemcpyAsync(cm->pinned + HD_HIDDEN, p.hout, HD_HIDDEN * 2,
                             cudaMemcpyDeviceToHost, cm->stream);
     if (e == cudaSuccess && timed)
         e = cudaEventRecord(ev[3], cm->stream);
