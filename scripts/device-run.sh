@@ -118,10 +118,11 @@ for stage in "$@"; do
         ;;
     trace)
         # HD_CUDA_TRACE=N: the ring events of CTA 5's N-th GEMV call
-        # (layer 0: 1 projections, 4 experts, 5 down)
+        # (layer 0: 1 projections, 4 experts, 5 down), at context TRACE_CTX
+        # (4096 unless set)
         : >"$OUT/trace.log"
         for n in ${TRACE_CALLS:-1 5}; do
-            HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda 4096 \
+            HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda ${TRACE_CTX:-4096} \
                 >>"$OUT/trace.log" 2>&1
         done
         grep -E "^bench|^phases|^trace|^gemv" "$OUT/trace.log"

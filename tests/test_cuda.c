@@ -202,7 +202,9 @@ END_TEST
  * one also where they are long, the GEMV ring primed before the grid
  * barriers, grid barriers in place of the flags, the step's input and
  * output through copies (not the launch's parameters and mapped memory),
- * and a GEMV ring of two slots. */
+ * a GEMV ring of two slots and of as many as fit, and attention splits
+ * of at least 32 tokens (the CUDA-core attention at context 1000 and
+ * 4096). */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;
@@ -213,7 +215,8 @@ static const vs_env_case VS_ENV[] = {
     {"HD_CUDA_ATTN", "tc", {64, 129, 2}},    {"HD_CUDA_ATTN", "tc", {64, 1000, 2}},
     {"HD_CUDA_ATTN", "scalar", {64, 20000, 1}}, {"HD_CUDA_PRIME", "1", {64, 97, 3}},
     {"HD_CUDA_FLAGS", "0", {64, 97, 3}},     {"HD_CUDA_IO", "copy", {16, 5, 3}},
-    {"HD_CUDA_SLOTS", "2", {64, 97, 2}},
+    {"HD_CUDA_SLOTS", "2", {64, 97, 2}},     {"HD_CUDA_SLOTS", "16", {64, 97, 2}},
+    {"HD_CUDA_SPLIT_MIN", "32", {64, 1000, 2}}, {"HD_CUDA_SPLIT_MIN", "32", {16, 4096, 2}},
 };
 
 START_TEST(test_vs_ref_env)

@@ -9,6 +9,7 @@
 
 #define HDC_THREADS 512          /* threads per CTA (16 warps)            */
 #define HDC_WARPS (HDC_THREADS / 32)
+#define HDC_SLOTS_DEFAULT 5      /* GEMV ring slots in flight (HD_CUDA_SLOTS) */
 #define HDC_XS_STRIDE 36         /* floats per 32-value chunk of x in smem */
 #define HDC_PART 516             /* floats per (split, head) partial       */
 #define HDC_SMEM_BYTES (227 * 1024) /* the most a CTA may have on sm_90 */

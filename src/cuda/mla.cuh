@@ -193,6 +193,17 @@ __device__ __forceinline__ bool attend_split(const StepParams &P, int &t0, int &
     return t0 < t1;
 }
 
+/* L2 prefetch of the cache rows [ta, tb) of a split (the latent rows and
+ * the rope rows: two runs), issued by one thread. */
+__device__ __forceinline__ void attend_prefetch(const uint16_t *ckv, const uint16_t *kr, int ta,
+                                                int tb)
+{
+    if (tb > ta) {
+        l2_prefetch(ckv + (size_t)ta * 512, (uint32_t)(tb - ta) * 1024u);
+        l2_prefetch(kr + (size_t)ta * 64, (uint32_t)(tb - ta) * 128u);
+    }
+}
+
 /* The online softmax statistics of a block, on every warp: thread (q, hh)
  * (warp q, lane hh) holds some of head hh's scores, their maximum lm.
  * softmax_max: the block's maximum of head hh with the running one (mrun),
@@ -253,6 +264,8 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
     const uint16_t *ckv = P.ckv[L.slot], *kr = P.krope[L.slot];
     float *cb = sm + AT_C, *red = sm + AT_RED, *sc = sm + AT_SC, *al = sm + AT_AL;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0)
+        attend_prefetch(ckv, kr, t0 + MLA_TB, t1);
 
     /* The 32 x 576 query values in shared memory, rows of 577 floats so
      * that a warp's 32 lanes (32 heads) read 32 different banks; loaded in
@@ -469,16 +482,36 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
 
-    /* the query's three parts, [part][head][576] */
-    for (int i = threadIdx.x; i < 32 * MLA_KV; i += HDC_THREADS) {
-        const int hh = i / MLA_KV, d = i % MLA_KV;
-        const float v = d < 512 ? ldcg(P.ql + hh * 512 + d) : ldcg(P.q + hh * 192 + 128 + (d - 512));
-        const float hi = bfr(v), mid = bfr(v - hi), lo = bfr((v - hi) - mid);
-        uint16_t *q = reinterpret_cast<uint16_t *>(sb + TC_QP + hh * TC_ROW) + d;
-        q[0] = f2bf(hi);
-        q[32 * TC_ROW / 2] = f2bf(mid);
-        q[64 * TC_ROW / 2] = f2bf(lo);
+    /* the query's three parts, [part][head][576]: every load of the
+     * thread in flight at once (as a loop of 36 load-then-store rounds,
+     * one L2 round trip each, this took 14.7 us at context 32768; device
+     * call 1 of 2026-12-04's sixth session).  Thread i takes the 16-byte
+     * pieces i + 512 u of the 32 x 128 pieces of ql and piece i of the 32
+     * x 16 of q's rope part. */
+    {
+        float4 v[9];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = __ldcg(reinterpret_cast<const float4 *>(P.ql) + threadIdx.x + u * HDC_THREADS);
+        v[8] = __ldcg(reinterpret_cast<const float4 *>(P.q + (threadIdx.x >> 4) * 192 + 128) +
+                      (threadIdx.x & 15));
+#pragma unroll
+        for (int u = 0; u < 9; u++) {
+            const int i = threadIdx.x + u * HDC_THREADS;
+            const int hh = u < 8 ? i >> 7 : threadIdx.x >> 4;
+            const int d = u < 8 ? (i & 127) * 4 : 512 + (threadIdx.x & 15) * 4;
+            const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            uint16_t *q = reinterpret_cast<uint16_t *>(sb + TC_QP + hh * TC_ROW) + d;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float hi = bfr(f[c]), mid = bfr(f[c] - hi), lo = bfr((f[c] - hi) - mid);
+                q[c] = f2bf(hi);
+                q[32 * TC_ROW / 2 + c] = f2bf(mid);
+                q[64 * TC_ROW / 2 + c] = f2bf(lo);
+            }
+        }
     }
+    trace_mark(tr, 40);
     if (threadIdx.x < 32)
         mrun[threadIdx.x] = -INFINITY;
     float l_run = 0.0f; /* threads < 32: head tid */
@@ -508,6 +541,15 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                          : : "r"(base + TC_KC + t * TC_ROW + pc * 16), "l"(src),
                            "r"(t < nt ? 16 : 0) : "memory");
+        }
+        if (tb == t0) {
+            trace_mark(tr, 41);
+            /* the rows past the first block into L2, behind its copies
+             * (ahead of them and of the query's loads, the query took 8.8
+             * instead of 4.2 us: device call 3 of 2026-12-04's sixth
+             * session), so that the later blocks come from L2 */
+            if (threadIdx.x == 0)
+                attend_prefetch(ckv, kr, t0 + TC_TB, t1);
         }
         asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" : : : "memory");
         __syncthreads();
@@ -540,6 +582,8 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
             }
         }
         __syncthreads();
+        if (tb == t0)
+            trace_mark(tr, 42);
         /* c. online softmax statistics: thread (q, hh) takes the tokens
          * q + 16 i of head hh; p into its three bf16 parts [part][head][t] */
         {
@@ -564,6 +608,8 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
             }
             softmax_commit(ps, mb, redl, al, mrun, l_run);
         }
+        if (tb == t0)
+            trace_mark(tr, 43);
         /* d. acc = acc * alpha + p . c */
         {
             const float f0 = al[16 * mh + g], f1 = al[16 * mh + g + 8];
@@ -607,6 +653,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
         part[threadIdx.x * HDC_PART + 512] = mrun[threadIdx.x];
         part[threadIdx.x * HDC_PART + 513] = l_run;
     }
+    trace_mark(tr, 48);
 }
 
 /* Phase 4: per head (32 tasks) merge the splits into lat_h, then
@@ -614,7 +661,10 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
  * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the
  * splits g, g + 4, ... of the four dimensions 4 d4 .. 4 d4 + 3 (16-byte
  * loads, 8 in flight), and the four groups are added in a fixed order;
- * the splits' weights exp(m_s - M) are computed once per split. */
+ * the splits' weights exp(m_s - M) are computed once per split.  (Four
+ * CTAs a head, each for a quarter of W_v's columns, measured no faster:
+ * 379.0 against 379.5 us at context 4096, device call 3 of 2026-12-04's
+ * sixth session; what the phase waits for is L2, not the GEMV.) */
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
@@ -622,9 +672,13 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
     const int T = P.pos + 1;
     const int d4 = threadIdx.x & 127, sg = threadIdx.x >> 7;
     for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
-        /* The splits' statistics, loaded in parallel, then their weights. */
+        /* The splits' statistics, loaded in parallel, then their weights:
+         * the maximum M and the sum of e_s l_s as block reductions (a
+         * thread's splits, its warp, the 16 warps: a fixed order), not
+         * loops over all the splits on every thread (ns rounds of shared
+         * memory latency each). */
         float *st_m = sm + MERGE_STATS, *st_l = st_m + 1024;
-        float *st_e = red, *grp = red + 1024; /* grp: 4 x 512 */
+        float *st_e = red, *grp = red + 1024, *bred = red + 3072; /* grp: 4 x 512 */
         int ns = 0;
         while (ns < P.nsplit && ns < 1024 && ns * P.split_len < T)
             ns++;
@@ -632,16 +686,28 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
             st_m[s] = ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + 512);
             st_l[s] = ldcg(P.parts + ((size_t)s * 32 + hh) * HDC_PART + 513);
         }
+        trace_mark(P.trace, 44);
         __syncthreads();
         float M = -INFINITY;
-        for (int s = 0; s < ns; s++)
-            M = fmaxf(M, st_m[s]);
         for (int s = threadIdx.x; s < ns; s += HDC_THREADS)
-            st_e[s] = st_m[s] == -INFINITY ? 0.0f : expf(st_m[s] - M);
+            M = fmaxf(M, st_m[s]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        if ((threadIdx.x & 31) == 0)
+            bred[threadIdx.x >> 5] = M;
         __syncthreads();
-        float den = 0.0f;
-        for (int s = 0; s < ns; s++)
-            den += st_e[s] * st_l[s];
+#pragma unroll
+        for (int i = 0; i < HDC_WARPS; i++)
+            M = fmaxf(M, bred[i]);
+        float dp = 0.0f;
+        for (int s = threadIdx.x; s < ns; s += HDC_THREADS) {
+            const float e = st_m[s] == -INFINITY ? 0.0f : expf(st_m[s] - M);
+            st_e[s] = e;
+            dp = fmaf(e, st_l[s], dp);
+        }
+        const float den = block_sum(dp, bred + 32); /* also orders st_e */
+        trace_mark(P.trace, 45);
         float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float *pp = P.parts + (size_t)hh * HDC_PART + 4 * d4;
         for (int s0 = sg; s0 < ns; s0 += 32) {
@@ -669,10 +735,12 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
             xs[(d >> 5) * HDC_XS_STRIDE + (d & 31)] = v / den;
         }
         xs_finish(xs, 512, 3); /* fp32 values */
-        int c0 = hh * 256 + 128;
+        trace_mark(P.trace, 46);
+        const int c0 = hh * 256 + 128;
         MatTile m[4] = {mat_tile(L.p[2], 0, c0, xb, 3), mat_tile(L.p[2], 0, c0 + 32, xb, 3),
                         mat_tile(L.p[2], 0, c0 + 64, xb, 3), mat_tile(L.p[2], 0, c0 + 96, xb, 3)};
         gemv_tile<32, 4, 512>(m, red, out);
+        trace_mark(P.trace, 47);
         if (threadIdx.x < 128)
             P.attn[hh * 128 + threadIdx.x] = bfr(out[threadIdx.x]);
     }

@@ -37,6 +37,7 @@ struct CudaModel {
      * scratch (the first version) */
     bool io_direct;
     uint16_t *hout_dev; /* the device's address of pinned + HD_HIDDEN */
+    int split_min;      /* the fewest tokens an attention split takes */
 };
 
 struct CudaState {
@@ -140,15 +141,14 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         if (split != 1 && split != 2 && split != 4 && split != 8 && split != 16)
             split = 0;
         /* HD_CUDA_SLOTS=N (1 .. 16): at most N ring slots a GEMV, fewer
-         * bulk copies in flight an SM.  4 or 5 measured 1-1.5 % faster at
-         * context 4096 than as many as fit (up to 7 for K = 2304, 16 for
-         * K = 1024), in two device calls of 2026-12-04; 2 slots 5 %
-         * slower (docs/PERF-CUDA.md, v8).  Not the default until the
-         * whole CUDA suite has run with it. */
+         * bulk copies in flight an SM; 5 unless set (16: as many as fit,
+         * up to 7 for K = 2304, 4 for K = 4096, 16 for K = 1024).  A cap
+         * of 4 or 5 measured 1-1.5 % faster at context 4096 than none, 2
+         * slots 5 % slower (docs/PERF-CUDA.md, v8 and v9). */
         const char *sl = getenv("HD_CUDA_SLOTS");
-        int slots = sl ? atoi(sl) : 0;
+        int slots = sl ? atoi(sl) : HDC_SLOTS_DEFAULT;
         if (slots < 1 || slots > 16)
-            slots = 0;
+            slots = HDC_SLOTS_DEFAULT;
         CK(hdc_kernel_setup(cm->device, &per_sm, split, slots));
     }
     if (!coop || per_sm < 1) {
@@ -309,6 +309,17 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         const char *at = getenv("HD_CUDA_ATTN");
         p.attn_scalar = at && strcmp(at, "scalar") == 0 ? 1 : at && strcmp(at, "tc") == 0 ? -1 : 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
+        /* HD_CUDA_SPLIT_MIN=N (32 .. 4096): the fewest tokens a split of
+         * the attention takes, 128 unless set.  At context 4096 splits of
+         * 32 tokens (129 of them, on CUDA cores) measured 379 us a step,
+         * of 128 (33 splits of 125, on tensor cores) 367 us, of 256 (17)
+         * 379 us: fewer splits make the merge shorter (19 -> 12 us) by
+         * more than the attention grows (27 -> 30 us; device calls 2 and
+         * 3 of 2026-12-04's sixth session). */
+        const char *sm = getenv("HD_CUDA_SPLIT_MIN");
+        cm->split_min = sm ? atoi(sm) : 128;
+        if (cm->split_min < 32 || cm->split_min > 4096)
+            cm->split_min = 128;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocMapped));
@@ -538,9 +549,10 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     p.pos = (int)state->context;
     if (state->context > (size_t)0x7fffffff - 64)
         return HD_ERR_BACKEND;
-    /* Splits of at least 32 tokens, at most one per CTA. */
+    /* Splits of at least split_min tokens, at most one per CTA. */
     {
-        size_t ns = (T + 31) / 32;
+        const size_t mn = (size_t)cm->split_min;
+        size_t ns = (T + mn - 1) / mn;
         if (ns > (size_t)cm->grid)
             ns = (size_t)cm->grid;
         p.nsplit = (int)ns;
