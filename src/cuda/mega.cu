@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         } else {
             if (pf)
                 mla_kvb_prefetch(L);
-            /* the trace's points 20-31: the first MLA layer */
+            /* the trace's points 20-31: the first MLA layer (40-43 and 48
+             * inside its tensor-core attention, 44-47 inside the merge) */
             unsigned long long *tm = P.trace && !traced_m ? P.trace : nullptr;
             traced_m = true;
             trace_mark(tm, 20);
