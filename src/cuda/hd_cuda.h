@@ -77,8 +77,9 @@ struct StepParams {
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
     int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores, 0: by
                       * split length (HD_CUDA_ATTN=scalar|tc) */
-    int prime;     /* 1: the next phase's weights stream into shared memory
-                    * before each grid barrier where they are known */
+    int prime;     /* bit i (PrimeWhat in mega.cu): phase i's weights stream
+                    * into shared memory before the grid barrier ahead of
+                    * it (HD_CUDA_PRIME, HD_CUDA_PRIME_MASK) */
     int use_flags; /* 1: the delta rule waits for its head's projections and
                     * a down projection for its expert (flags), not for
                     * the whole grid (HD_CUDA_FLAGS=0: grid barriers) */

@@ -32,14 +32,16 @@ __device__ __noinline__ void prime_phase(const LayerDev &L, int what, const floa
     gemv_prime(m, n, nb, k);
 }
 
-/* HD_CUDA_PRIME=1: before the grid barrier ahead of the phase.  (Priming
+/* HD_CUDA_PRIME=1: before the grid barrier ahead of the phase, where bit
+ * `what` of P.prime is set (HD_CUDA_PRIME=1 sets them all,
+ * HD_CUDA_PRIME_MASK=M those of M).  (Priming
  * at the phase's start instead, ahead of its RMSNorm, was slower still:
  * 430 against 385 us at context 4096, every primed phase 2.5-4.5 us
  * longer, device call 2 of 2026-12-04: the small loads of the RMSNorm
  * wait behind the bulk copies.) */
 #define PRIME(layer, what)                                                               \
     do {                                                                                 \
-        if (P.prime)                                                                     \
+        if ((P.prime >> (what)) & 1)                                                     \
             prime_phase(layer, what, sm);                                                \
     } while (0)
 

@@ -291,7 +291,16 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * slower (device call 5 of 2026-12-03: 555 against 532 us at
          * context 4096), so off by default */
         const char *pr = getenv("HD_CUDA_PRIME");
-        p.prime = pr && strcmp(pr, "1") == 0;
+        p.prime = pr && strcmp(pr, "1") == 0 ? 0x3f : 0;
+        /* HD_CUDA_PRIME_MASK=M: only the phases whose bits M sets
+         * (PrimeWhat in mega.cu: 1 KDA projections, 2 MLA projections,
+         * 4 and 8 KDA and MLA o_proj, 16 router, 32 down), to measure
+         * each on its own.  None helps alone either (context 4096: 378.7,
+         * 372.7, 375.1, 375.3, 382.5 and 376.1 us against 374.9 with
+         * none; device call 6 of 2026-12-04's sixth session) */
+        const char *pm = getenv("HD_CUDA_PRIME_MASK");
+        if (pm)
+            p.prime = (int)(strtol(pm, nullptr, 0) & 0x3f);
         /* HD_CUDA_FLAGS=0 puts the grid barriers back where the delta rule
          * and the down projections wait for flags (measurements,
          * cross-checks) */
