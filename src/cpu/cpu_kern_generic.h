@@ -128,9 +128,10 @@ static void gen_absorb(const uint16_t *wk, const float *qn, float *ql)
 
 /* Heads at a time in the attention's loops: 4 where there are 32 vector
  * registers (AVX-512: 16 accumulators), else 2.  Every query vector
- * loaded feeds two tokens, every cache vector HB heads: 12 loads per 16
- * multiply-adds with 4 heads, 8 per 8 with 2 (Zen 4 loads one zmm a
- * cycle, so the loads, not the FMAs, set the pace; docs/PERFORMANCE.md). */
+ * loaded feeds two tokens (four with 4 heads: gen_mla_scores4), every
+ * cache vector HB heads: 8 loads per 16 multiply-adds with 4 heads and
+ * four tokens, 8 per 8 with 2 heads and two tokens (Zen 4 loads one zmm
+ * a cycle, so the loads, not the FMAs, set the pace; docs/PERFORMANCE.md). */
 #if GVW >= 16
 #define HB 4
 #else
@@ -179,7 +180,7 @@ static inline void gen_mla_scores(const float *cf, const float *kf, const float 
     }
 }
 
-/* One token's score for one head, summed in the same order. */
+/* One token's score for one head, summed in gen_mla_scores' order. */
 static inline float gen_mla_score1(const float *cf, const float *kf, const float *qh,
                                    const float *rh, int r)
 {
@@ -193,6 +194,56 @@ static inline float gen_mla_score1(const float *cf, const float *kf, const float
         a0 += gload(rh + d) * gload(kf + r * GR + d);
     return ghsum(a0 + b0);
 }
+
+#if HB == 4
+/* The scores of tokens r .. r + 3 of the chunk for heads h .. h + 3, one
+ * accumulator a score (16 of the 32 registers): every query vector loaded
+ * feeds four tokens and every cache vector four heads, 8 loads per 16
+ * multiply-adds instead of gen_mla_scores' 12.  A score's sum runs over d
+ * in one chain (then the rope part), not in two: another order than the
+ * two-token form, within the tolerances as every order is. */
+static inline void gen_mla_scores4(const float *cf, const float *kf, const float *qlat,
+                                   const float *qrope, int h, int r, float *sc, float scale)
+{
+    gvf a[HB][4];
+#pragma GCC unroll 4
+    for (int k = 0; k < HB; k++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            a[k][j] = (gvf){ 0 };
+    for (int d = 0; d < GL; d += GVW) {
+        gvf c[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            c[j] = gload(cf + (r + j) * GL + d);
+#pragma GCC unroll 4
+        for (int k = 0; k < HB; k++) {
+            const gvf q = gload(qlat + (h + k) * GL + d);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                a[k][j] += q * c[j];
+        }
+    }
+    for (int d = 0; d < GR; d += GVW) {
+        gvf c[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            c[j] = gload(kf + (r + j) * GR + d);
+#pragma GCC unroll 4
+        for (int k = 0; k < HB; k++) {
+            const gvf q = gload(qrope + (h + k) * GR + d);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                a[k][j] += q * c[j];
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < HB; k++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            sc[(h + k) * GC + r + j] = ghsum(a[k][j]) * scale;
+}
+#endif
 
 /* acc[k] += sum_r p_k[r] c[r] for the heads k = h .. h + HB - 1, over
  * the n tokens of the chunk in order: each cache vector loaded feeds all
@@ -230,10 +281,9 @@ static inline void gen_mla_values(const float *cf, const float *sc, int h, int n
 /* Tokens [t0, t1) of the MLA attention for all heads: per head the
  * running maximum m, the sum l of exp(score - m) and acc = sum of
  * exp(score - m) c_kv, chunk by chunk of GC tokens (widened to fp32 once
- * a chunk).  A chunk's scores of all heads come first, HB heads and two
- * tokens at a time, then each head's maximum, rescale and exponentials,
- * then the values HB heads at a time; every head's arithmetic is that of
- * a head computed alone, in the same order. */
+ * a chunk).  A chunk's scores of all heads come first, HB heads and four
+ * (AVX-512) or two tokens at a time, then each head's maximum, rescale
+ * and exponentials, then the values HB heads at a time. */
 static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
                           size_t t0, size_t t1, const float *qlat,
                           const float *qrope, float *m, float *l, float *acc,
@@ -259,6 +309,10 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
         }
         for (int h = 0; h < GH; h += HB) {
             int r = 0;
+#if HB == 4
+            for (; r + 4 <= n; r += 4)
+                gen_mla_scores4(cf, kf, qlat, qrope, h, r, sc, score_scale);
+#endif
             for (; r + 2 <= n; r += 2)
                 gen_mla_scores(cf, kf, qlat, qrope, h, r, sc, score_scale);
             for (; r < n; r++)
