@@ -196,6 +196,26 @@ static inline float gen_mla_score1(const float *cf, const float *kf, const float
 }
 
 #if HB == 4
+/* a[k][j] += the products of len values of rows j of c (stride cs) and
+ * rows k of q (stride qs), one vector of each at a time. */
+static inline __attribute__((always_inline)) void
+gen_scores4_part(gvf (*a)[4], const float *c, int cs, const float *q, int qs, int len)
+{
+    for (int d = 0; d < len; d += GVW) {
+        gvf cv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            cv[j] = gload(c + j * cs + d);
+#pragma GCC unroll 4
+        for (int k = 0; k < HB; k++) {
+            const gvf qv = gload(q + k * qs + d);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                a[k][j] += qv * cv[j];
+        }
+    }
+}
+
 /* The scores of tokens r .. r + 3 of the chunk for heads h .. h + 3, one
  * accumulator a score (16 of the 32 registers): every query vector loaded
  * feeds four tokens and every cache vector four heads, 8 loads per 16
@@ -211,32 +231,8 @@ static inline void gen_mla_scores4(const float *cf, const float *kf, const float
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
             a[k][j] = (gvf){ 0 };
-    for (int d = 0; d < GL; d += GVW) {
-        gvf c[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            c[j] = gload(cf + (r + j) * GL + d);
-#pragma GCC unroll 4
-        for (int k = 0; k < HB; k++) {
-            const gvf q = gload(qlat + (h + k) * GL + d);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
-                a[k][j] += q * c[j];
-        }
-    }
-    for (int d = 0; d < GR; d += GVW) {
-        gvf c[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            c[j] = gload(kf + (r + j) * GR + d);
-#pragma GCC unroll 4
-        for (int k = 0; k < HB; k++) {
-            const gvf q = gload(qrope + (h + k) * GR + d);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
-                a[k][j] += q * c[j];
-        }
-    }
+    gen_scores4_part(a, cf + r * GL, GL, qlat + h * GL, GL, GL);
+    gen_scores4_part(a, kf + r * GR, GR, qrope + h * GR, GR, GR);
 #pragma GCC unroll 4
     for (int k = 0; k < HB; k++)
 #pragma GCC unroll 4
