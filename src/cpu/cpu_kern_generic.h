@@ -46,7 +46,7 @@ static inline float ghsum(gvf v)
     return s;
 }
 
-static double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
+static inline double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
 {
     gvd a0 = { 0 };
     double s = 0.0;
