@@ -401,6 +401,56 @@ static void rand_qweights(uint32_t *r, int K, int N, int subnormal, int z_nonzer
     }
 }
 
+/* A bf16 value +-(1 + m / 128) 2^e, e in [lo, hi]. */
+static float rand_bf16(uint32_t *r, int lo, int hi)
+{
+    const float m = 1.0f + (float)(lcg(r) % 128) / 128.0f;
+    const float v = ldexpf(m, lo + (int)(lcg(r) % (uint32_t)(hi - lo + 1)));
+    return lcg(r) & 1 ? -v : v;
+}
+
+/* dot_bf16_f64 of every path this machine runs against the plain sum in
+ * double, for lengths 0 to 100 (every rest after the vector loops) and
+ * around 2304 (a router row).  The products of bf16 values are exact in
+ * fp32 (16 significant bits), and with magnitudes within 2^-12 .. 2^6
+ * every partial sum of up to 2336 of them fits in a double's 53 bits, so
+ * any order of the additions gives the same bits.  x[0] is -0 and one w
+ * a negative zero. */
+START_TEST(test_dot_f64)
+{
+    static const int extra[] = { 2304, 2303, 2336 };
+    float x[2336];
+    uint16_t w[2336];
+    uint32_t r = 4242u;
+    for (int i = 0; i < 2336; i++) {
+        x[i] = rand_bf16(&r, -6, 3);
+        w[i] = hd_f32_to_bf16(rand_bf16(&r, -6, 2));
+    }
+    x[0] = -0.0f;
+    w[7] = 0x8000;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cpu_isa got;
+        char err[256];
+        if (!isa_ok[isa])
+            continue;
+        setenv("HD_CPU_ISA", ISA[isa], 1);
+        ck_assert_int_eq(cpu_choose_isa(&got, err, sizeof err), HD_OK);
+        unsetenv("HD_CPU_ISA");
+        const cpu_kernels *k = cpu_kernels_for(got);
+        for (int c = 0; c <= 100 + 3; c++) {
+            const int n = c <= 100 ? c : extra[c - 101];
+            double want = 0.0;
+            for (int i = 0; i < n; i++)
+                want += (double)(x[i] * hd_bf16_to_f32(w[i]));
+            const double have = k->dot_bf16_f64(x, w, n);
+            ck_assert_msg(have == want, "%s: dot of %d values %.17g, want %.17g", ISA[isa],
+                          n, have, want);
+        }
+        printf("dot_bf16_f64 %s: ok\n", ISA[isa]);
+    }
+}
+END_TEST
+
 /* The P pairs of m times x through kern against ref; then the pairs
  * [1, P - 1) alone, which must leave the outer columns untouched. */
 static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P,
@@ -752,6 +802,7 @@ int main(void)
     tcase_set_timeout(tc, TU_TIMEOUT);
     tcase_add_test(tc, test_isa_choice);
 #ifdef HD_HAVE_CPU_BACKEND
+    tcase_add_test(tc, test_dot_f64);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16
     tcase_add_test(tc, test_bf16x3_gemv);
