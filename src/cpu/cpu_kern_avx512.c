@@ -156,45 +156,13 @@ static void avx512_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
     }
 }
 
-/* sum_i x[i] w[i] in double (the router's logits, the betas): 32 values a
- * pass into four double accumulators, the row's bytes prefetched 2 KB
- * ahead.  The products are exact (bf16 times bf16 in fp32) and, with 16
- * significant bits each, so is their sum in double for any spread of
- * magnitudes below 2^37: the order of the additions does not change the
- * result.  (The generic loop's two accumulators made the router's 4.6 KB
- * rows a chain of dependent adds, at about half the read bandwidth.) */
-static double avx512_dot_bf16_f64(const float *x, const uint16_t *w, int n)
-{
-    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
-    __m512d a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
-    double s;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) { /* the rest (none for 2304) below */
-        const __m512i h0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(w + i)));
-        const __m512i h1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(w + i + 16)));
-        const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(x + i),
-                                        _mm512_castsi512_ps(_mm512_slli_epi32(h0, 16)));
-        const __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16),
-                                        _mm512_castsi512_ps(_mm512_slli_epi32(h1, 16)));
-        _mm_prefetch((const char *)(w + i) + 2048, _MM_HINT_T0);
-        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(p0)));
-        a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                   _mm512_extractf64x4_pd(_mm512_castps_pd(p0), 1))));
-        a2 = _mm512_add_pd(a2, _mm512_cvtps_pd(_mm512_castps512_ps256(p1)));
-        a3 = _mm512_add_pd(a3, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                   _mm512_extractf64x4_pd(_mm512_castps_pd(p1), 1))));
-    }
-    s = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
-    return i < n ? s + gen_dot_bf16_f64(x + i, w + i, n - i) : s;
-}
-
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .gemv_pairs = avx512_gemv_pairs,
     .absorb = gen_absorb,
     .vexp = isa_vexp,
     .vsincos = isa_vsincos,
-    .dot_bf16_f64 = avx512_dot_bf16_f64,
+    .dot_bf16_f64 = gen_dot_bf16_f64,
     .kda_head = gen_kda_head,
     .mla_range = gen_mla_range,
 };
@@ -214,7 +182,7 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
     .absorb = gen_absorb,
     .vexp = isa_vexp,
     .vsincos = isa_vsincos,
-    .dot_bf16_f64 = avx512_dot_bf16_f64,
+    .dot_bf16_f64 = gen_dot_bf16_f64,
     .kda_head = gen_kda_head,
     .mla_range = gen_mla_range,
 };

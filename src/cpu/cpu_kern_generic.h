@@ -46,15 +46,28 @@ static inline float ghsum(gvf v)
     return s;
 }
 
-static inline double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
+/* sum_i x[i] w[i] in double (the router's logits, the betas): two
+ * vectors a pass into two double accumulators each, the row's bytes
+ * prefetched 2 KB ahead.  The products are exact (bf16 times bf16 in
+ * fp32) and, with 16 significant bits each, so is their sum in double for
+ * any spread of magnitudes below 2^37: the order of the additions does
+ * not change the result.  (One accumulator made the router's 4.6 KB rows
+ * a chain of dependent adds, at about half the read bandwidth.) */
+static double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
 {
-    gvd a0 = { 0 };
+    gvd a0 = { 0 }, a1 = { 0 };
     double s = 0.0;
     int i = 0;
-    for (; i + GVW <= n; i += GVW) {
-        gvf p = gload(x + i) * gload_bf16(w + i); /* exact: bf16 * bf16 */
-        a0 += __builtin_convertvector(p, gvd);
+    for (; i + 2 * GVW <= n; i += 2 * GVW) {
+        gvf p0 = gload(x + i) * gload_bf16(w + i); /* exact: bf16 * bf16 */
+        gvf p1 = gload(x + i + GVW) * gload_bf16(w + i + GVW);
+        __builtin_prefetch(w + i + 1024);
+        a0 += __builtin_convertvector(p0, gvd);
+        a1 += __builtin_convertvector(p1, gvd);
     }
+    for (; i + GVW <= n; i += GVW)
+        a0 += __builtin_convertvector(gload(x + i) * gload_bf16(w + i), gvd);
+    a0 += a1;
     for (int j = 0; j < GVW; j++)
         s += a0[j];
     for (; i < n; i++) {
