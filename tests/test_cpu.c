@@ -451,18 +451,66 @@ START_TEST(test_dot_f64)
 }
 END_TEST
 
+/* cpu_qmat.normal, the flag that lets the vdpbf16ps kernels skip their
+ * per-tile test: set after packing normal weights, cleared by one column
+ * whose weights may be subnormal in any part of a concatenation (the
+ * part packed first or last), and cpu_table_normal at its edges. */
+START_TEST(test_qmat_normal)
+{
+    enum { K = 256, N = 32 };
+    static uint8_t w_q[K / 2 * N];
+    static uint16_t sc[K / 128 * N], ze[K / 128 * N];
+    uint32_t r = 5u;
+    const hd_qlinear q = { w_q, sc, ze, K, N, 1 };
+
+    /* the bound: es + min(ez - 134, 0) >= 1 */
+    ck_assert_int_eq(cpu_table_normal(0x0080, 0x0000), 1);  /* 2^-126, z 0 */
+    ck_assert_int_eq(cpu_table_normal(0x0040, 0x0000), 0);  /* subnormal s */
+    ck_assert_int_eq(cpu_table_normal(0x0000, 0x0000), 0);  /* s 0 */
+    ck_assert_int_eq(cpu_table_normal(0x3c00, 0x3f00), 1);  /* 2^-7, z 0.5 */
+    ck_assert_int_eq(cpu_table_normal(0x0400, 0x4300), 1);  /* z 128: ulp 1 */
+    /* s 2^-119, z 0.5: all it assumes is |v - z| >= ulp(z) = 2^-8 */
+    ck_assert_int_eq(cpu_table_normal(0x0400, 0x3f00), 0);
+    ck_assert_int_eq(cpu_table_normal(0x3f80, 0x8000), 1);  /* z -0 */
+    rand_qweights(&r, K, N, 0, 0, w_q, sc, ze);
+    for (int bad = -1; bad < 2; bad++) {      /* the part with a bad column */
+        cpu_qmat m;
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, 2 * N, 1), HD_OK);
+        ck_assert_int_eq(m.normal, 1);
+        for (int part = 0; part < 2; part++) {
+            const uint16_t keep = sc[N + 17];
+            if (part == bad)
+                sc[N + 17] = 0x0003;            /* group 1, column 17: subnormal */
+            cpu_repack_part(&m, 0, part * N, &q, 0, 0, N);
+            sc[N + 17] = keep;
+        }
+        ck_assert_msg(m.normal == (bad < 0), "subnormal column in part %d: normal %d", bad,
+                      m.normal);
+        cpu_qmat_free(&m);
+    }
+}
+END_TEST
+
 /* The P pairs of m times x through kern against ref; then the pairs
- * [1, P - 1) alone, which must leave the outer columns untouched. */
+ * [1, P - 1) alone, which must leave the outer columns untouched.  Where
+ * m is normal (cpu_qmat.normal: the kernels skip their per-tile test),
+ * the kernel told to test every tile must give the same bits. */
 static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P,
                                const cpu_xq *xq, float *y, const double *ref,
                                const double *mag, int N, const char *what)
 {
     memset(y, 0, (size_t)N * 4);
-    cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, xq, y);
+    cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, m->normal, xq, y);
     check_close(y, ref, mag, N, what);
+    if (m->normal) {
+        float *yc = tu_xmalloc((size_t)N * 4);
+        cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, 0, xq, yc);
+        ck_assert_msg(memcmp(y, yc, (size_t)N * 4) == 0, "%s: checked tiles differ", what);
+        free(yc);
+    }
     if (P >= 3) {
         memset(y, 0, (size_t)N * 4);
-        cpu_gemv_pairs(kern, m->tiles, 1, P - 1, m->groups, xq, y);
+        cpu_gemv_pairs(kern, m->tiles, 1, P - 1, m->groups, m->normal, xq, y);
         ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
         check_close(y + 2, ref + 2, mag + 2, N - 4, what);
     }
@@ -518,6 +566,8 @@ START_TEST(test_bf16_gemv)
         x[2] = -0.0f;
         ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
         cpu_repack_raw(&m, 0, w_q, sc, ze);
+        /* the last shape's tiny scales make subnormal weights */
+        ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
         /* bf16-exact: the bf16 words, all pairs and an odd range */
         gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
@@ -542,7 +592,7 @@ START_TEST(test_bf16_gemv)
             ck_assert_int_eq(xq.bf16, 0);
             for (int i = 0; i < K; i++)
                 xq.xb[i] = 0x7fc0;              /* NaN */
-            cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, &xq, y);
+            cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, m.normal, &xq, y);
             k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
             ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
                           "non-bf16 x (%d), K %d N %d: not the avx512 kernel", v, K, N);
@@ -592,8 +642,7 @@ static void check_split(const cpu_xq *q, const float *x, int K)
 }
 
 /* The three-part kernel (fp32 x as hi + mid + lo, three vdpbf16ps) and its
- * path choice, through cpu_gemv_pairs with the avx512bf16 kernels plus
- * the three-part kernel (whether or not the avx512bf16 table turns it on):
+ * path choice, through cpu_gemv_pairs with the avx512bf16 kernels:
  * an fp32 x with 24 significant bits splits (checked part by part) and
  * goes through the parts (the floats poisoned) to within 1e-5 of sum |w x|
  * of the exact sum; a single nonzero x = 1 + 2^-10 + 2^-20 (a nonzero lo)
@@ -613,8 +662,8 @@ START_TEST(test_bf16x3_gemv)
         return;
     }
     const cpu_kernels *k5 = cpu_kernels_for(CPU_ISA_AVX512);
-    cpu_kernels kx = *cpu_kernels_for(CPU_ISA_AVX512BF16);
-    kx.gemv_pairs_bf16x3 = cpu_avx512bf16_gemv_pairs_x3;
+    const cpu_kernels *kx = cpu_kernels_for(CPU_ISA_AVX512BF16);
+    ck_assert_ptr_eq(kx->gemv_pairs_bf16x3, cpu_avx512bf16_gemv_pairs_x3);
     ck_assert_ptr_null(k5->gemv_pairs_bf16x3);
 
     for (size_t sh = 0; sh < n_shapes; sh++) {
@@ -649,6 +698,7 @@ START_TEST(test_bf16x3_gemv)
         x[5] = -0x1p-100f * (1.0f + 0x1p-9f + 0x1p-20f);   /* lo 2^-120 */
         ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
         cpu_repack_raw(&m, 0, w_q, sc, ze);
+        ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
         /* fp32 x: the three parts */
         gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
@@ -665,7 +715,7 @@ START_TEST(test_bf16x3_gemv)
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
         snprintf(what, sizeof what, "fp32 x (3 parts), K %d N %d", K, N);
-        check_pairs_ranges(&kx, &m, P, &xq, y, ref, mag, N, what);
+        check_pairs_ranges(kx, &m, P, &xq, y, ref, mag, N, what);
 
         /* one nonzero x with three nonzero parts: each output is w x
          * rounded once or twice (hi, then mid + lo, then their sum) */
@@ -675,7 +725,7 @@ START_TEST(test_bf16x3_gemv)
         cpu_prepare_x(xv, K, &xq);
         ck_assert_int_eq(xq.bf16x3, 1);
         ck_assert_uint_eq(xq.xb[2 * K + K / 3], hd_f32_to_bf16(0x1p-20f));
-        cpu_gemv_pairs(&kx, m.tiles, 0, P, m.groups, &xq, y);
+        cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
         for (int n = 0; n < N; n++)
             ck_assert_msg(fabs((double)y[n] - ref[n]) <= 0x1p-22 * fabs(ref[n]),
                           "one x, K %d N %d: column %d: %a vs %a", K, N, n,
@@ -697,7 +747,7 @@ START_TEST(test_bf16x3_gemv)
             ck_assert_msg(xq.bf16x3 == 0, "case %d split, K %d", v, K);
             for (int i = 0; i < 3 * K; i++)
                 xq.xb[i] = 0x7fc0;              /* NaN */
-            cpu_gemv_pairs(&kx, m.tiles, 0, P, m.groups, &xq, y);
+            cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
             k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
             ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
                           "no split (%d), K %d N %d: not the avx512 kernel", v, K, N);
@@ -803,6 +853,7 @@ int main(void)
     tcase_add_test(tc, test_isa_choice);
 #ifdef HD_HAVE_CPU_BACKEND
     tcase_add_test(tc, test_dot_f64);
+    tcase_add_test(tc, test_qmat_normal);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16
     tcase_add_test(tc, test_bf16x3_gemv);

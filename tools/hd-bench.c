@@ -296,7 +296,6 @@ static int run_gemv(const bench_config *c)
     cpu_isa isa;
     char err[256];
     const cpu_kernels *kern;
-    cpu_kernels kx;
     int x3 = 0;
     int threads;
     double bw = 0;
@@ -309,17 +308,6 @@ static int run_gemv(const bench_config *c)
         return 1;
     }
     kern = cpu_kernels_for(isa);
-#ifdef HD_CPU_HAVE_AVX512BF16
-    /* --x32 on avx512bf16: the three-part kernel, which the step leaves
-     * off (cpu_kern_avx512.c), so that it can be measured */
-    if (c->x32 && isa == CPU_ISA_AVX512BF16 && !kern->gemv_pairs_bf16x3) {
-        kx = *kern;
-        kx.gemv_pairs_bf16x3 = cpu_avx512bf16_gemv_pairs_x3;
-        kern = &kx;
-    }
-#else
-    (void)kx;
-#endif
     x3 = c->x32 && kern->gemv_pairs_bf16x3 != NULL;
     threads = cpu_resolve_threads(c->threads);
     hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
@@ -388,7 +376,8 @@ static int run_gemv(const bench_config *c)
             memset(ctr, 0, (size_t)copies * sizeof *ctr);
 #pragma omp parallel num_threads(threads)
             for (int i = 0; i < copies; i++) {
-                cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0 };
+                cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0,
+                                proto.normal };
                 cpu_gemv_multi(kern, &job, 1, y, &ctr[i], &bar);
             }
             dt = (now_s() - t0) / copies;

@@ -45,11 +45,30 @@ typedef enum cpu_isa {
     CPU_ISA_AVX512BF16 = 3
 } cpu_isa;
 
-/* A repacked matrix, or a bank of `count` matrices of the same shape. */
+/* 1 when no weight bf((v - z) s), v = 0..15, of a column with scale s
+ * and zero point z (bf16 words) can be subnormal: the vdpbf16ps kernels
+ * build such a column's table with vcvtne2ps2bf16 and multiply it as bf16,
+ * both of which flush subnormals to zero.  From the exponents alone: a
+ * nonzero fl(v - z) is at least min(1, ulp(z)) >= 2^(ez - 134) (v = 0
+ * gives |z| > ulp(z)), so |(v - z) s| >= 2^-126 when es - 127 +
+ * min(ez - 134, 0) >= -126, es and ez the biased exponents (a subnormal or
+ * zero scale fails). */
+static inline int cpu_table_normal(uint16_t s, uint16_t z)
+{
+    const int es = (s >> 7) & 0xff, ez = (z >> 7) & 0xff;
+    const int dz = (z & 0x7fff) == 0 ? 0 : (ez - 134 < 0 ? ez - 134 : 0);
+    return es + dz >= 1;
+}
+
+/* A repacked matrix, or a bank of `count` matrices of the same shape.
+ * `normal`: cpu_table_normal holds for every column of every tile (set by
+ * the repacking; the data never change), so the kernels that would check
+ * it per tile need not. */
 typedef struct cpu_qmat {
     uint8_t *tiles;                 /* [count][pairs][groups][136]         */
     int k, n, groups, pairs, count;
     size_t member_tiles;            /* pairs * groups                      */
+    int normal;
 } cpu_qmat;
 
 /* An activation vector of k values in the layout the kernels multiply
@@ -86,6 +105,7 @@ typedef struct cpu_job {
     int pairs, groups;
     const cpu_xq *x;
     int yoff;
+    int normal;                     /* cpu_qmat.normal of the matrix      */
 } cpu_job;
 
 /* The kernels of one instruction set. */
@@ -95,13 +115,14 @@ typedef struct cpu_kernels {
     void (*gemv_pairs)(const uint8_t *tiles, int p0, int p1, int groups,
                        const float *xd, float *y);
     /* The same from x's bf16 words (cpu_xq.xb); NULL where the instruction
-     * set has no such kernel.  Call both through cpu_gemv_pairs. */
+     * set has no such kernel.  Call both through cpu_gemv_pairs.  normal:
+     * the matrix's cpu_qmat.normal (0: the kernel checks every tile). */
     void (*gemv_pairs_bf16)(const uint8_t *tiles, int p0, int p1, int groups,
-                            const uint16_t *xb, float *y);
+                            int normal, const uint16_t *xb, float *y);
     /* The same from x's three bf16 parts (cpu_xq.bf16x3: xb [3k]); NULL
      * where the instruction set has none or it does not pay. */
     void (*gemv_pairs_bf16x3)(const uint8_t *tiles, int p0, int p1, int groups,
-                              const uint16_t *x3, float *y);
+                              int normal, const uint16_t *x3, float *y);
     /* dst[i] = exp(src[i]) (SLEEF 1-ulp where built with it); in place ok. */
     void (*vexp)(float *dst, const float *src, int n);
     /* sin and cos of n angles (accurate range reduction). */
@@ -132,23 +153,24 @@ extern const cpu_kernels cpu_kernels_avx512;
 extern const cpu_kernels cpu_kernels_avx512bf16;
 /* cpu_kern_avx512bf16.c (built with -mavx512bf16). */
 void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
-                               int groups, const uint16_t *xb, float *y);
+                               int groups, int normal, const uint16_t *xb, float *y);
 void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
-                                  int groups, const uint16_t *x3, float *y);
+                                  int groups, int normal, const uint16_t *x3, float *y);
 #endif
 
 /* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
  * have a kernel for them and x is bf16-exact, else from its three bf16
  * parts where the kernels have a kernel for those and the split is exact,
- * else from its floats. */
+ * else from its floats.  normal: the matrix's cpu_qmat.normal. */
 static inline void cpu_gemv_pairs(const cpu_kernels *kern,
                                   const uint8_t *tiles, int p0, int p1,
-                                  int groups, const cpu_xq *x, float *y)
+                                  int groups, int normal, const cpu_xq *x,
+                                  float *y)
 {
     if (kern->gemv_pairs_bf16 && x->bf16)
-        kern->gemv_pairs_bf16(tiles, p0, p1, groups, x->xb, y);
+        kern->gemv_pairs_bf16(tiles, p0, p1, groups, normal, x->xb, y);
     else if (kern->gemv_pairs_bf16x3 && x->bf16x3)
-        kern->gemv_pairs_bf16x3(tiles, p0, p1, groups, x->xb, y);
+        kern->gemv_pairs_bf16x3(tiles, p0, p1, groups, normal, x->xb, y);
     else
         kern->gemv_pairs(tiles, p0, p1, groups, x->xd, y);
 }
@@ -189,7 +211,8 @@ hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count);
 void cpu_qmat_free(cpu_qmat *m);
 /* Packs columns [src_col0, + ncols) of bank member src_member of src into
  * columns [dst_col0, + ncols) of member `member` of m (same k; the column
- * numbers are multiples of 16): concatenations and column slices. */
+ * numbers are multiples of 16): concatenations and column slices.  Clears
+ * m->normal where a packed column fails cpu_table_normal. */
 void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
                      const hd_qlinear *src, int src_member, int src_col0,
                      int ncols);
@@ -206,7 +229,7 @@ static inline const uint8_t *cpu_qmat_member(const cpu_qmat *m, int j)
 static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
                                  int yoff)
 {
-    cpu_job r = { cpu_qmat_member(m, j), m->pairs, m->groups, x, yoff };
+    cpu_job r = { cpu_qmat_member(m, j), m->pairs, m->groups, x, yoff, m->normal };
     return r;
 }
 

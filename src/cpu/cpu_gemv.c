@@ -104,7 +104,7 @@ static void run_range(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
         p0 -= at - (size_t)jobs[j].pairs;
         p1 -= at - (size_t)jobs[j].pairs;
         cpu_gemv_pairs(kern, jobs[j].tiles, (int)p0, (int)p1, jobs[j].groups,
-                       jobs[j].x, y + jobs[j].yoff);
+                       jobs[j].normal, jobs[j].x, y + jobs[j].yoff);
     }
 }
 

@@ -54,7 +54,8 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
         float o[HD_], beta;
         for (int j = 0; j < 4; j++) {
             const int p0 = (j * CPU_A + n0) / 2;
-            cpu_gemv_pairs(kern, tiles, p0, p0 + HD_ / 2, groups, &th->xq, s->proj);
+            cpu_gemv_pairs(kern, tiles, p0, p0 + HD_ / 2, groups, C->in_proj.normal,
+                           &th->xq, s->proj);
         }
         for (int j = 0; j < 4; j++)
             for (int i = 0; i < HD_; i++)

@@ -168,17 +168,14 @@ const cpu_kernels cpu_kernels_avx512 = {
 };
 
 #ifdef HD_CPU_HAVE_AVX512BF16
-/* The AVX-512 kernels, with the vdpbf16ps GEMV where x is exactly bf16
- * (cpu_gemv_pairs; else avx512_gemv_pairs).  The three-part kernel for
- * fp32 x (cpu_avx512bf16_gemv_pairs_x3) is left off: on the Zen 4 we
- * measured, its three vdpbf16ps per weight vector run at the rate of the
- * fp32 FMA kernel, and with two threads the down GEMVs and whole steps
- * were slower (docs/PERFORMANCE.md); setting gemv_pairs_bf16x3 here turns
- * it on (the step then carves room for the parts, cpu_step.c). */
+/* The AVX-512 kernels, with the vdpbf16ps GEMVs: from x's bf16 words
+ * where x is exactly bf16, from its three bf16 parts where it is fp32 (the
+ * expert down inputs, W_v's), else avx512_gemv_pairs (cpu_gemv_pairs). */
 const cpu_kernels cpu_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .gemv_pairs = avx512_gemv_pairs,
     .gemv_pairs_bf16 = cpu_avx512bf16_gemv_pairs,
+    .gemv_pairs_bf16x3 = cpu_avx512bf16_gemv_pairs_x3,
     .absorb = gen_absorb,
     .vexp = isa_vexp,
     .vsincos = isa_vsincos,

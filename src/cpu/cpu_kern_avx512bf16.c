@@ -12,7 +12,7 @@
  * the fp32 FMA kernel.  vdpbf16ps treats subnormal inputs as zero and
  * flushes subnormal results: so an x with a subnormal stays on the fp32
  * kernel (cpu_prepare_x), a tile whose weights could be subnormal goes
- * through fp32 FMAs (table_normal, tile_ymm_fp32), and what is left is a
+ * through fp32 FMAs (cpu_table_normal, tile_ymm), and what is left is a
  * product or partial sum below 2^-126 in magnitude flushed to zero (an
  * absolute error below 1.2e-38 each: nothing a normed x and real scales
  * produce).
@@ -24,7 +24,7 @@
  * order (low nibbles, then high), so x's bf16 words are read as they are
  * and the vpermw that put the nibbles in x's order goes too.  That made
  * the tile's table (once per 256 weights) half of the time, so the table
- * is built with vcvtne2ps2bf16 (tile_table_bf16).  Zen 4 runs zmm
+ * is built with vcvtne2ps2bf16 (tile_tables_bf16).  Zen 4 runs zmm
  * instructions as two 256-bit halves: the ymm form below (one column per
  * ymm) needs no column bit in the indices. */
 #include "config.h"
@@ -36,39 +36,43 @@
 #include "cpu.h"
 #include "cpu_kern_avx512.h"
 
-/* The tile's table (tile_table's words) with vcvtne2ps2bf16, which rounds
- * fp32 to bf16 to nearest even in one instruction, as hd_f32_to_bf16 does
- * (NaN quieted alike), but flushes a subnormal fp32 value to zero; so it
- * is used only where no (v - z) * s can be subnormal, which the exponents
- * show (integer work on the otherwise idle scalar ALUs): a nonzero
- * fl(v - z), v = 0..15, is at least min(1, ulp(z)) >= 2^(ez - 7) (v = 0
- * gives |z| > ulp(z)), so |(v - z) s| >= 2^-126 when es - 127 +
- * min(ez - 134, 0) >= -126, es and ez the biased exponents (a subnormal
- * or zero scale fails: tile_table then).  The building of this table was
- * half of the kernel's time; tile_table spends ~17 instructions, four of
- * them moves from general registers, on what here is ~9. */
-static inline int table_normal(uint16_t s, uint16_t z)
+/* The tile's two tables (tile_table's words, column A's in TA, B's in
+ * TB) with vcvtne2ps2bf16, which rounds fp32 to bf16 to nearest even in
+ * one instruction, as hd_f32_to_bf16 does (NaN quieted alike), but
+ * flushes a subnormal fp32 value to zero; so it is used only where no
+ * (v - z) * s can be subnormal (cpu_table_normal: per tile, or once per
+ * matrix, cpu_qmat.normal).  The building of the tables was half of the
+ * kernel's time; tile_table spends ~17 zmm instructions, four of them
+ * moves from general registers, on what here is 12 ymm ones: the ymm form
+ * needs no extraction of column B's half, and the two lanes of a zmm cost
+ * Zen 4 two ymm slots anyway. */
+static inline __attribute__((always_inline)) void
+tile_tables_bf16(const uint8_t *t, __m256i *TA, __m256i *TB)
 {
-    const int es = (s >> 7) & 0xff, ez = (z >> 7) & 0xff;
-    const int dz = (z & 0x7fff) == 0 ? 0 : (ez - 134 < 0 ? ez - 134 : 0);
-    return es + dz >= 1;
+    const __m256 v0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 v1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    int32_t s2, z2;
+    memcpy(&s2, t + CPU_TILE_W, 4);         /* scale A, scale B */
+    memcpy(&z2, t + CPU_TILE_W + 4, 4);     /* zero A, zero B */
+    const __m256i S = _mm256_set1_epi32(s2), Z = _mm256_set1_epi32(z2);
+    const __m256 sa = _mm256_castsi256_ps(_mm256_slli_epi32(S, 16));
+    const __m256 za = _mm256_castsi256_ps(_mm256_slli_epi32(Z, 16));
+    const __m256 sb = _mm256_castsi256_ps(_mm256_and_si256(S, hm));
+    const __m256 zb = _mm256_castsi256_ps(_mm256_and_si256(Z, hm));
+    /* words 0..7 from the second operand */
+    *TA = (__m256i)_mm256_cvtne2ps_pbh(_mm256_mul_ps(_mm256_sub_ps(v1, za), sa),
+                                       _mm256_mul_ps(_mm256_sub_ps(v0, za), sa));
+    *TB = (__m256i)_mm256_cvtne2ps_pbh(_mm256_mul_ps(_mm256_sub_ps(v1, zb), sb),
+                                       _mm256_mul_ps(_mm256_sub_ps(v0, zb), sb));
 }
 
-static inline __m512i tile_table_bf16(const uint8_t *t)
+/* 1 when both columns of tile t pass cpu_table_normal. */
+static inline int tile_normal(const uint8_t *t)
 {
-    const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                    12, 13, 14, 15);
-    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
-    int32_t s2, z2;
-    memcpy(&s2, t + CPU_TILE_W, 4);
-    memcpy(&z2, t + CPU_TILE_W + 4, 4);
-    const __m512i S = _mm512_set1_epi32(s2), Z = _mm512_set1_epi32(z2);
-    __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(Z, 16))),
-                             _mm512_castsi512_ps(_mm512_slli_epi32(S, 16)));
-    __m512 b = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_and_si512(Z, hm))),
-                             _mm512_castsi512_ps(_mm512_and_si512(S, hm)));
-    /* words 0..15 from the second operand */
-    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+    uint16_t sz[4];                         /* scale A, B, zero A, B */
+    memcpy(sz, t + CPU_TILE_W, 8);
+    return cpu_table_normal(sz[0], sz[2]) & cpu_table_normal(sz[1], sz[3]);
 }
 
 /* sum += w x over a ymm of weight words and 16 words of x: fp32 FMAs on
@@ -141,27 +145,28 @@ tile_chunks(const uint8_t *t, const uint16_t *xg, __m256i TA, __m256i TB, int do
  * bit merged into the indices: 8 zmm, i.e. 16 halves on Zen 4) measured
  * the same within the noise of this shared machine. */
 static inline __attribute__((always_inline)) void
-tile_ymm(const uint8_t *t, const uint16_t *xg, __m256 *al, __m256 *ah,
+tile_ymm(const uint8_t *t, const uint16_t *xg, int checked, __m256 *al, __m256 *ah,
          __m256 *bl, __m256 *bh)
 {
-    uint16_t sz[4];                         /* scale A, B, zero A, B */
-    memcpy(sz, t + CPU_TILE_W, 8);
-    /* a tile whose weights may be subnormal (table_normal): tile_table's
+    __m256i TA, TB;
+    /* a tile whose weights may be subnormal (cpu_table_normal): tile_table's
      * exact rounding and fp32 FMAs */
-    if (__builtin_expect(!(table_normal(sz[0], sz[2]) & table_normal(sz[1], sz[3])), 0)) {
+    if (checked && __builtin_expect(!tile_normal(t), 0)) {
         const __m512i T = tile_table(t);
         tile_chunks(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1), 0,
                     al, ah, bl, bh);
         return;
     }
-    const __m512i T = tile_table_bf16(t);
-    tile_chunks(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1), 1,
-                al, ah, bl, bh);
+    tile_tables_bf16(t, &TA, &TB);
+    tile_chunks(t, xg, TA, TB, 1, al, ah, bl, bh);
 }
 
-/* Columns of pairs [p0, p1) times x's bf16 words, two pairs per pass. */
-void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
-                               int groups, const uint16_t *xb, float *y)
+/* Columns of pairs [p0, p1) times x's bf16 words, two pairs per pass;
+ * checked (a constant at each call): test every tile with tile_normal.
+ * Not checking saves ~13 % of the kernel's time with the weights hot. */
+static inline __attribute__((always_inline)) void
+gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int checked,
+           const uint16_t *xb, float *y)
 {
     const size_t ps = (size_t)groups * CPU_TILE_BYTES;
     int p = p0;
@@ -175,8 +180,8 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         for (int g = 0; g < groups; g++) {
             const uint16_t *xg = xb + (size_t)g * CPU_GROUP;
             pf = pf_pass_step(pf);
-            tile_ymm(ta + (size_t)g * CPU_TILE_BYTES, xg, &a0, &a1, &a2, &a3);
-            tile_ymm(tb + (size_t)g * CPU_TILE_BYTES, xg, &b0, &b1, &b2, &b3);
+            tile_ymm(ta + (size_t)g * CPU_TILE_BYTES, xg, checked, &a0, &a1, &a2, &a3);
+            tile_ymm(tb + (size_t)g * CPU_TILE_BYTES, xg, checked, &b0, &b1, &b2, &b3);
         }
         y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
         y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
@@ -190,39 +195,51 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         for (int g = 0; g < groups; g++) {
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
             pf_tail_step(t);
-            tile_ymm(t, xb + (size_t)g * CPU_GROUP, &a0, &a1, &a2, &a3);
+            tile_ymm(t, xb + (size_t)g * CPU_GROUP, checked, &a0, &a1, &a2, &a3);
         }
         y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
         y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
     }
 }
 
+void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
+                               int groups, int normal, const uint16_t *xb, float *y)
+{
+    if (normal)
+        gemv_pairs(tiles, p0, p1, groups, 0, xb, y);
+    else
+        gemv_pairs(tiles, p0, p1, groups, 1, xb, y);
+}
 
 /* ---- fp32 x as three exact bf16 parts (cpu_xq.bf16x3) ----
  *
  * x = hi + mid + lo exactly (cpu_prepare_x), and each product of an exact
  * bf16 weight with a bf16 part is exact in fp32: three vdpbf16ps per
  * weight vector instead of one, the sums fp32, nothing rounded but the
- * sums, as in the fp32 kernel.  hi goes to one accumulator per column
- * half, mid and lo (2^-8 and 2^-16 of it) to another, added at the end:
- * two dependency chains of 4 and 8 vdpbf16ps per tile, not one of 12.
- * The same subnormal-weight tiles go through fp32 FMAs (fma8, each part:
- * a product of a bf16 weight with a bf16 part is exact in fp32 there
- * too, subnormals included).  As in the one-part kernel, a product below
- * 2^-126 in a vdpbf16ps tile is flushed (at most 2^-126 each; lo is 2^-16
- * of x, so this needs |w x| below about 2^-110).
- *
- * Not switched on (cpu_kern_avx512.c): 12 vdpbf16ps per 64 weights are
- * as much work for the FMA pipes of Zen 4 as the fp32 kernel's 4 zmm FMAs
- * plus widening; measured, it is a few percent faster with one thread and
- * slower with two (docs/PERFORMANCE.md). */
+ * sums, as in the fp32 kernel.  Each part has its own accumulator per
+ * column half (12 per column pair): a vdpbf16ps waits for the one before
+ * it on the same accumulator (several cycles), and with mid and lo on one
+ * accumulator, as at first, those chains of 8 per tile, not the FMA pipes,
+ * set the pace (7.5 against 5.6 TSC ticks per 32 bytes, hot).  At the end
+ * mid + lo, then hi.  The same subnormal-weight tiles go through fp32 FMAs
+ * (fma8, each part: a product of a bf16 weight with a bf16 part is exact
+ * in fp32 there too, subnormals included).  As in the one-part kernel, a
+ * product below 2^-126 in a vdpbf16ps tile is flushed (at most 2^-126
+ * each; lo is 2^-16 of x, so this needs |w x| below about 2^-110). */
 
-/* The accumulators of one tile column pair: h* for hi, l* for mid and lo;
- * *0, *1 column A, *2, *3 column B.  Passed and returned by value, so that
- * they stay in registers. */
+/* The accumulators of one tile column pair: h* for hi, m* for mid, l* for
+ * lo; *0, *1 column A, *2, *3 column B.  Passed and returned by value, so
+ * that they stay in registers (24 for a two-pair pass, of 32). */
 typedef struct acc3 {
-    __m256 h0, h1, h2, h3, l0, l1, l2, l3;
+    __m256 h0, h1, h2, h3, m0, m1, m2, m3, l0, l1, l2, l3;
 } acc3;
+
+/* dp8 or fma8 (dot a constant at every call). */
+static inline __attribute__((always_inline)) __m256
+mac(int dot, __m256 acc, __m256i w, const uint16_t *x)
+{
+    return dot ? dp8(acc, w, x) : fma8(acc, w, x);
+}
 
 /* The four chunks of a tile for the three parts at xg, xg + xs, xg + 2 xs. */
 static inline __attribute__((always_inline)) acc3
@@ -239,25 +256,18 @@ tile_chunks3(const uint8_t *t, const uint16_t *xg, size_t xs, __m256i TA, __m256
         __m256i wah = _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA);
         __m256i wbl = _mm256_permutexvar_epi16(pb, TB);
         __m256i wbh = _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB);
-        if (dot) {
-            a.h0 = dp8(a.h0, wal, xh);
-            a.h1 = dp8(a.h1, wah, xh + 16);
-            a.h2 = dp8(a.h2, wbl, xh);
-            a.h3 = dp8(a.h3, wbh, xh + 16);
-            a.l0 = dp8(dp8(a.l0, wal, xm), wal, xl);
-            a.l1 = dp8(dp8(a.l1, wah, xm + 16), wah, xl + 16);
-            a.l2 = dp8(dp8(a.l2, wbl, xm), wbl, xl);
-            a.l3 = dp8(dp8(a.l3, wbh, xm + 16), wbh, xl + 16);
-        } else {
-            a.h0 = fma8(a.h0, wal, xh);
-            a.h1 = fma8(a.h1, wah, xh + 16);
-            a.h2 = fma8(a.h2, wbl, xh);
-            a.h3 = fma8(a.h3, wbh, xh + 16);
-            a.l0 = fma8(fma8(a.l0, wal, xm), wal, xl);
-            a.l1 = fma8(fma8(a.l1, wah, xm + 16), wah, xl + 16);
-            a.l2 = fma8(fma8(a.l2, wbl, xm), wbl, xl);
-            a.l3 = fma8(fma8(a.l3, wbh, xm + 16), wbh, xl + 16);
-        }
+        a.h0 = mac(dot, a.h0, wal, xh);
+        a.h1 = mac(dot, a.h1, wah, xh + 16);
+        a.h2 = mac(dot, a.h2, wbl, xh);
+        a.h3 = mac(dot, a.h3, wbh, xh + 16);
+        a.m0 = mac(dot, a.m0, wal, xm);
+        a.m1 = mac(dot, a.m1, wah, xm + 16);
+        a.m2 = mac(dot, a.m2, wbl, xm);
+        a.m3 = mac(dot, a.m3, wbh, xm + 16);
+        a.l0 = mac(dot, a.l0, wal, xl);
+        a.l1 = mac(dot, a.l1, wah, xl + 16);
+        a.l2 = mac(dot, a.l2, wbl, xl);
+        a.l3 = mac(dot, a.l3, wbh, xl + 16);
     }
     return a;
 }
@@ -275,35 +285,36 @@ tile_fp32_3(const uint8_t *t, const uint16_t *xg, size_t xs, acc3 a)
 
 /* tile_ymm for the three parts. */
 static inline __attribute__((always_inline)) acc3
-tile_ymm3(const uint8_t *t, const uint16_t *xg, size_t xs, acc3 a)
+tile_ymm3(const uint8_t *t, const uint16_t *xg, size_t xs, int checked, acc3 a)
 {
-    uint16_t sz[4];
-    memcpy(sz, t + CPU_TILE_W, 8);
-    if (__builtin_expect(!(table_normal(sz[0], sz[2]) & table_normal(sz[1], sz[3])), 0))
+    __m256i TA, TB;
+    if (checked && __builtin_expect(!tile_normal(t), 0))
         return tile_fp32_3(t, xg, xs, a);
-    const __m512i T = tile_table_bf16(t);
-    return tile_chunks3(t, xg, xs, _mm512_castsi512_si256(T),
-                        _mm512_extracti64x4_epi64(T, 1), 1, a);
+    tile_tables_bf16(t, &TA, &TB);
+    return tile_chunks3(t, xg, xs, TA, TB, 1, a);
 }
 
 static inline acc3 acc3_zero(void)
 {
     const __m256 z = _mm256_setzero_ps();
-    acc3 a = { z, z, z, z, z, z, z, z };
+    acc3 a = { z, z, z, z, z, z, z, z, z, z, z, z };
     return a;
 }
 
-/* Column A's sum and column B's. */
+/* Column A's sum and column B's: (mid + lo) + hi. */
 static inline void store_pair3(float *y, acc3 a)
 {
-    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h0, a.h1), _mm256_add_ps(a.l0, a.l1)));
-    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h2, a.h3), _mm256_add_ps(a.l2, a.l3)));
+    const __m256 la = _mm256_add_ps(_mm256_add_ps(a.m0, a.m1), _mm256_add_ps(a.l0, a.l1));
+    const __m256 lb = _mm256_add_ps(_mm256_add_ps(a.m2, a.m3), _mm256_add_ps(a.l2, a.l3));
+    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h0, a.h1), la));
+    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h2, a.h3), lb));
 }
 
 /* Columns of pairs [p0, p1) times x's three parts x3 [3k], two pairs per
- * pass. */
-void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
-                                  int groups, const uint16_t *x3, float *y)
+ * pass; checked as in gemv_pairs. */
+static inline __attribute__((always_inline)) void
+gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int checked,
+              const uint16_t *x3, float *y)
 {
     const size_t ps = (size_t)groups * CPU_TILE_BYTES;
     const size_t xs = (size_t)groups * CPU_GROUP;
@@ -315,8 +326,8 @@ void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
         for (int g = 0; g < groups; g++) {
             const uint16_t *xg = x3 + (size_t)g * CPU_GROUP;
             pf = pf_pass_step(pf);
-            a = tile_ymm3(ta + (size_t)g * CPU_TILE_BYTES, xg, xs, a);
-            b = tile_ymm3(tb + (size_t)g * CPU_TILE_BYTES, xg, xs, b);
+            a = tile_ymm3(ta + (size_t)g * CPU_TILE_BYTES, xg, xs, checked, a);
+            b = tile_ymm3(tb + (size_t)g * CPU_TILE_BYTES, xg, xs, checked, b);
         }
         store_pair3(y + 2 * p, a);
         store_pair3(y + 2 * p + 2, b);
@@ -327,8 +338,17 @@ void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
         for (int g = 0; g < groups; g++) {
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
             pf_tail_step(t);
-            a = tile_ymm3(t, x3 + (size_t)g * CPU_GROUP, xs, a);
+            a = tile_ymm3(t, x3 + (size_t)g * CPU_GROUP, xs, checked, a);
         }
         store_pair3(y + 2 * p, a);
     }
+}
+
+void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
+                                  int groups, int normal, const uint16_t *x3, float *y)
+{
+    if (normal)
+        gemv_pairs_x3(tiles, p0, p1, groups, 0, x3, y);
+    else
+        gemv_pairs_x3(tiles, p0, p1, groups, 1, x3, y);
 }

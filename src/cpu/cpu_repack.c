@@ -16,6 +16,7 @@ hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count)
     m->groups = k / CPU_GROUP;
     m->pairs = n / 2;
     m->member_tiles = (size_t)m->groups * (size_t)m->pairs;
+    m->normal = 1;
     if (!hd_mul_size(m->member_tiles, (size_t)count, &tiles) ||
         !hd_mul_size(tiles, CPU_TILE_BYTES, &bytes))
         return HD_ERR_OUT_OF_MEMORY;
@@ -29,9 +30,11 @@ void cpu_qmat_free(cpu_qmat *m)
     m->tiles = NULL;
 }
 
-/* One tile: columns n, n + 1 of q (row stride N bytes), group g. */
-static void pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g)
+/* One tile: columns n, n + 1 of q (row stride N bytes), group g; 1 when
+ * both columns' tables are normal (cpu_table_normal). */
+static int pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g)
 {
+    int normal = 1;
     const size_t N = (size_t)q->n;
     for (int half = 0; half < 2; half++) {
         const uint8_t *col = q->w_q + (size_t)(n + half);
@@ -50,7 +53,10 @@ static void pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g)
                q->scales + (size_t)g * N + (size_t)(n + half), 2);
         memcpy(dst + CPU_TILE_W + 4 + 2 * half,
                q->zeros + (size_t)g * N + (size_t)(n + half), 2);
+        normal &= cpu_table_normal(q->scales[(size_t)g * N + (size_t)(n + half)],
+                                   q->zeros[(size_t)g * N + (size_t)(n + half)]);
     }
+    return normal;
 }
 
 void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
@@ -59,11 +65,16 @@ void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
 {
     uint8_t *base = (uint8_t *)cpu_qmat_member(m, member);
     hd_qlinear q = hd_qlinear_member(src, src_member);
+    int normal = 1;
     for (int p = 0; p < ncols / 2; p++)
         for (int g = 0; g < m->groups; g++)
-            pack_tile(base + ((size_t)(dst_col0 / 2 + p) * (size_t)m->groups +
-                              (size_t)g) * CPU_TILE_BYTES,
-                      &q, src_col0 + 2 * p, g);
+            normal &= pack_tile(base + ((size_t)(dst_col0 / 2 + p) * (size_t)m->groups +
+                                        (size_t)g) * CPU_TILE_BYTES,
+                                &q, src_col0 + 2 * p, g);
+    /* parts of one matrix may be packed by several threads at once (only
+     * ever clearing the flag) */
+    if (!normal)
+        __atomic_store_n(&m->normal, 0, __ATOMIC_RELAXED);
 }
 
 void cpu_dequant_wk(uint16_t *wk, const hd_qlinear *kv_b)
