@@ -554,7 +554,7 @@ START_TEST(test_bf16_gemv)
         float *x = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
-        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), K, 0, 0, 0 };
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, K, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -626,45 +626,31 @@ START_TEST(test_bf16_gemv)
 END_TEST
 
 #ifdef HD_CPU_HAVE_AVX512BF16
-/* hi + mid + lo == x, each part normal or zero (cpu_xq.bf16x3). */
-static void check_split(const cpu_xq *q, const float *x, int K)
-{
-    for (int k = 0; k < K; k++) {
-        const uint16_t p[3] = { q->xb[k], q->xb[K + k], q->xb[2 * K + k] };
-        for (int j = 0; j < 3; j++)
-            ck_assert_msg((p[j] & 0x7f80u) != 0 ? (p[j] & 0x7f80u) != 0x7f80u
-                                                 : (p[j] & 0x7fu) == 0,
-                          "x[%d] = %a: part %d is %04x", k, (double)x[k], j, p[j]);
-        ck_assert_msg((double)hd_bf16_to_f32(p[0]) + hd_bf16_to_f32(p[1]) +
-                      hd_bf16_to_f32(p[2]) == (double)x[k],
-                      "x[%d] = %a: the parts do not add up", k, (double)x[k]);
-    }
-}
-
-/* The three-part kernel (fp32 x as hi + mid + lo, three vdpbf16ps) and its
- * path choice, through cpu_gemv_pairs with the avx512bf16 kernels:
- * an fp32 x with 24 significant bits splits (checked part by part) and
- * goes through the parts (the floats poisoned) to within 1e-5 of sum |w x|
- * of the exact sum; a single nonzero x = 1 + 2^-10 + 2^-20 (a nonzero lo)
- * gives w x to 2^-22 relative (a dropped lo part is 2^-20 off); an x with
- * a subnormal part, a subnormal, an infinity, a NaN or a value whose hi
- * rounds to infinity does not split, and goes through the fp32 avx512
- * kernel bit for bit (the parts poisoned); a bf16 x keeps the one-part
- * kernel; no room for the parts, no split.  Shapes as in test_bf16_gemv,
- * with K 1024 x N 2304 (the down projection) and 512 x 128 (W_v). */
-START_TEST(test_bf16x3_gemv)
+/* The fp32-x kernel (cpu_xq.xe: x per 16 inputs, even ones then odd ones)
+ * and its path choice, through cpu_gemv_pairs with the avx512bf16
+ * kernels: an fp32 x with 24 significant bits (zeros, values near 2^-126
+ * and a subnormal among them) goes through the xe floats (the xd floats
+ * poisoned) to within 1e-5 of sum |w x| of the exact sum, flagged and
+ * checked (check_pairs_ranges); a single nonzero x at input k gives each
+ * column exactly w[k][n] x rounded once, for k at the edges of the
+ * layout's blocks (a misplaced input would pick another weight); an
+ * infinity or a NaN gives what the double sum gives; a bf16 x keeps the
+ * bf16 kernel; without xe, the avx512 kernel, bit for bit.  The last
+ * shape has subnormal weights (normal 0: tile_table's words, fp32 FMAs). */
+START_TEST(test_f32_gemv)
 {
     static const int shapes[][2] = { { 128, 2 }, { 512, 128 }, { 512, 34 },
                                      { 1024, 2304 }, { 4096, 98 }, { 1024, 66 } };
+    static const int one_at[] = { 0, 1, 7, 8, 9, 14, 15, 16, 17, 31, 32, 127, 128 };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     if (!isa_ok[3]) {
-        printf("bf16x3 gemv: SKIP (no %s path)\n", ISA[3]);
+        printf("f32 gemv: SKIP (no %s path)\n", ISA[3]);
         return;
     }
     const cpu_kernels *k5 = cpu_kernels_for(CPU_ISA_AVX512);
     const cpu_kernels *kx = cpu_kernels_for(CPU_ISA_AVX512BF16);
-    ck_assert_ptr_eq(kx->gemv_pairs_bf16x3, cpu_avx512bf16_gemv_pairs_x3);
-    ck_assert_ptr_null(k5->gemv_pairs_bf16x3);
+    ck_assert_ptr_eq(kx->gemv_pairs_f32, cpu_avx512bf16_gemv_pairs_f32);
+    ck_assert_ptr_null(k5->gemv_pairs_f32);
 
     for (size_t sh = 0; sh < n_shapes; sh++) {
         const int K = shapes[sh][0], N = shapes[sh][1], P = N / 2;
@@ -675,101 +661,84 @@ START_TEST(test_bf16x3_gemv)
         float *x = tu_xmalloc((size_t)K * 4), *xv = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
-        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 6), K, 0, 1, 0 };
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
+                      tu_xmalloc((size_t)K * 4), K, 0, 0 };
         cpu_qmat m;
         char what[96];
 
-        /* subnormal weights; a zero point that is not 0, so that every
-         * such tile is one of the kernel's fp32 tiles (with z 0 the weights
-         * are normal, the tile a vdpbf16ps one, and its products with the
-         * parts, below 2^-126, flushed: the documented error, at most
-         * 2^-126 each, which is not what this column is for) */
+        /* subnormal weights, and zero points that are not 0 */
         rand_qweights(&r, K, N, sh == n_shapes - 1, 1, w_q, sc, ze);
-        /* fp32, 24 significant bits, signed, 2^-8 .. 2^4; zeros, a bf16
-         * value, values of two parts, and small ones whose lo is near
-         * 2^-126 but normal */
+        /* fp32, 24 significant bits, signed, 2^-8 .. 2^4 */
         for (int k = 0; k < K; k++)
             x[k] = (float)((int)(lcg(&r) & 0xffffff) - 0x800000) / 0x800000 *
                    ldexpf(1.0f, (int)(lcg(&r) % 13) - 8);
         x[1] = 0.0f;
         x[2] = -0.0f;
         x[3] = 1.5f;
-        x[4] = 1.0f + 0x1p-12f;
-        x[5] = -0x1p-100f * (1.0f + 0x1p-9f + 0x1p-20f);   /* lo 2^-120 */
+        x[4] = -0x1p-100f * (1.0f + 0x1p-9f + 0x1p-20f);
+        x[5] = 1e-40f;                                      /* subnormal */
         ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
         cpu_repack_raw(&m, 0, w_q, sc, ze);
         ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
-        /* fp32 x: the three parts */
+        /* fp32 x: the xe floats */
         gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
         cpu_prepare_x(x, K, &xq);
         ck_assert_int_eq(xq.bf16, 0);
-        ck_assert_int_eq(xq.bf16x3, 1);
-        check_split(&xq, x, K);
-        {
-            int lo_used = 0;
-            for (int k = 0; k < K; k++)
-                lo_used |= xq.xb[2 * K + k] != 0;
-            ck_assert_msg(lo_used, "no x with a nonzero lo part");
-        }
+        ck_assert_int_eq(xq.f32, 1);
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
-        snprintf(what, sizeof what, "fp32 x (3 parts), K %d N %d", K, N);
+        snprintf(what, sizeof what, "fp32 x, K %d N %d", K, N);
         check_pairs_ranges(kx, &m, P, &xq, y, ref, mag, N, what);
 
-        /* one nonzero x with three nonzero parts: each output is w x
-         * rounded once or twice (hi, then mid + lo, then their sum) */
-        memset(xv, 0, (size_t)K * 4);
-        xv[K / 3] = 1.0f + 0x1p-10f + 0x1p-20f;
-        gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
-        cpu_prepare_x(xv, K, &xq);
-        ck_assert_int_eq(xq.bf16x3, 1);
-        ck_assert_uint_eq(xq.xb[2 * K + K / 3], hd_f32_to_bf16(0x1p-20f));
-        cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
-        for (int n = 0; n < N; n++)
-            ck_assert_msg(fabs((double)y[n] - ref[n]) <= 0x1p-22 * fabs(ref[n]),
-                          "one x, K %d N %d: column %d: %a vs %a", K, N, n,
-                          (double)y[n], ref[n]);
-
-        /* no split: the fp32 kernel, bit for bit */
-        for (int v = 0; v < 6; v++) {
-            memcpy(xv, x, (size_t)K * 4);
-            switch (v) {
-            case 0: xv[K - 1] = 0x1p-120f * (1.0f + 0x1p-20f); break; /* lo 2^-140 */
-            case 1: xv[K / 2] = 0x1p-110f * (1.0f + 0x1p-9f + 0x1p-23f); break;
-            case 2: xv[K / 5] = 1e-40f; break;                  /* subnormal */
-            case 3: xv[0] = INFINITY; break;
-            case 4: xv[K - 2] = NAN; break;
-            default: xv[7] = -FLT_MAX; break;                   /* hi: -inf */
-            }
+        /* one nonzero x: w x rounded once (an FMA onto zeros) */
+        for (size_t i = 0; i < sizeof one_at / sizeof one_at[0] && one_at[i] < K; i++) {
+            const int k1 = one_at[i];
+            memset(xv, 0, (size_t)K * 4);
+            xv[k1] = 1.0f + 0x1p-10f + 0x1p-20f;
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
             cpu_prepare_x(xv, K, &xq);
-            ck_assert_int_eq(xq.bf16, 0);
-            ck_assert_msg(xq.bf16x3 == 0, "case %d split, K %d", v, K);
-            for (int i = 0; i < 3 * K; i++)
-                xq.xb[i] = 0x7fc0;              /* NaN */
+            ck_assert_int_eq(xq.f32, 1);
             cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
-            k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
-            ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
-                          "no split (%d), K %d N %d: not the avx512 kernel", v, K, N);
-            if (v < 3) {
-                gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
-                snprintf(what, sizeof what, "no split (%d), K %d N %d", v, K, N);
-                check_close(y, ref, mag, N, what);
-            }
+            for (int n = 0; n < N; n++)
+                ck_assert_msg(y[n] == (float)ref[n], "one x at %d, K %d N %d: column %d: %a vs %a",
+                              k1, K, N, n, (double)y[n], ref[n]);
         }
 
-        /* bf16 x: one part; no room for the parts: no split */
+        /* an infinity, a NaN: as the double sum */
+        for (int v = 0; v < 2; v++) {
+            memcpy(xv, x, (size_t)K * 4);
+            xv[K / 3] = v ? NAN : -INFINITY;
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            cpu_prepare_x(xv, K, &xq);
+            ck_assert_int_eq(xq.f32, 1);
+            cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
+            for (int n = 0; n < N; n++)
+                ck_assert_msg(isnan(ref[n]) ? isnan(y[n]) : (double)y[n] == ref[n],
+                              "x with %s, K %d N %d: column %d: %a vs %a", v ? "NaN" : "-inf",
+                              K, N, n, (double)y[n], ref[n]);
+        }
+
+        /* bf16 x: the bf16 kernel; no xe: the avx512 kernel, bit for bit */
         for (int k = 0; k < K; k++)
             xv[k] = hd_bf(x[k]);
         xv[5] = 0.0f;
         cpu_prepare_x(xv, K, &xq);
         ck_assert_int_eq(xq.bf16, 1);
-        ck_assert_int_eq(xq.bf16x3, 0);
-        xq.x3 = 0;
-        cpu_prepare_x(x, K, &xq);
-        ck_assert_int_eq(xq.bf16x3, 0);
+        ck_assert_int_eq(xq.f32, 0);
+        {
+            float *xe = xq.xe;
+            xq.xe = NULL;
+            cpu_prepare_x(x, K, &xq);
+            ck_assert_int_eq(xq.f32, 0);
+            cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
+            k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
+            ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
+                          "no xe, K %d N %d: not the avx512 kernel", K, N);
+            xq.xe = xe;
+        }
 
-        printf("bf16x3 gemv K %d N %d: ok\n", K, N);
+        printf("f32 gemv K %d N %d: ok\n", K, N);
         cpu_qmat_free(&m);
         free(w_q);
         free(sc);
@@ -782,6 +751,7 @@ START_TEST(test_bf16x3_gemv)
         free(mag);
         free(xq.xd);
         free(xq.xb);
+        free(xq.xe);
     }
 }
 END_TEST
@@ -856,7 +826,7 @@ int main(void)
     tcase_add_test(tc, test_qmat_normal);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16
-    tcase_add_test(tc, test_bf16x3_gemv);
+    tcase_add_test(tc, test_f32_gemv);
 #endif
 #endif
     tcase_add_test(tc, test_golden_a);

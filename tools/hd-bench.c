@@ -77,8 +77,7 @@ static void usage(FILE *f)
         "  --gemv          cold GEMV microbenchmark of the four int4 shapes against\n"
         "                  a plain read of the same bytes (CPU backend)\n"
         "  --x32           with --gemv: x fp32, not bf16 (the expert down and W_v\n"
-        "                  inputs), and W_v's shape (32 x 512 x 128 as 512 x 4096) too;\n"
-        "                  on avx512bf16 through the three-part kernel (off in steps)\n"
+        "                  inputs), and W_v's shape (32 x 512 x 128 as 512 x 4096) too\n"
         "  --json          print one JSON object instead of the table\n"
         "  -h, --help      this help\n");
 }
@@ -296,7 +295,7 @@ static int run_gemv(const bench_config *c)
     cpu_isa isa;
     char err[256];
     const cpu_kernels *kern;
-    int x3 = 0;
+    const char *x_layout;
     int threads;
     double bw = 0;
     double ratio[5], g_us[5], r_us[5];
@@ -308,7 +307,9 @@ static int run_gemv(const bench_config *c)
         return 1;
     }
     kern = cpu_kernels_for(isa);
-    x3 = c->x32 && kern->gemv_pairs_bf16x3 != NULL;
+    /* which of x's layouts (cpu.h) the kernels take */
+    x_layout = c->x32 ? (kern->gemv_pairs_f32 ? "xe" : "xd")
+                      : (kern->gemv_pairs_bf16 ? "xb" : "xd");
     threads = cpu_resolve_threads(c->threads);
     hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
     for (int sh = 0; sh < n_shapes; sh++) {
@@ -318,12 +319,13 @@ static int run_gemv(const bench_config *c)
         uint16_t *sc = malloc((size_t)K / 128 * (size_t)N * 2);
         uint16_t *ze = malloc((size_t)K / 128 * (size_t)N * 2);
         float *x = malloc((size_t)K * sizeof(float)), *y = malloc((size_t)N * sizeof(float));
-        /* x's bf16 words too: x is exactly bf16 (below), as a step's
-         * normed inputs are, so kernels with a bf16 GEMV use it; with
-         * --x32 x is fp32 (24 significant bits), as the down and W_v
-         * inputs are, and has room for its three bf16 parts */
+        /* every layout of x, as a step's vectors have: x is exactly bf16
+         * (below), as a step's normed inputs are, so kernels with a bf16
+         * GEMV use its words; with --x32 x is fp32 (24 significant bits),
+         * as the down and W_v inputs are */
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
-                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 1, 0 };
+                      malloc((size_t)K * sizeof(uint16_t)), malloc((size_t)K * sizeof(float)),
+                      K, 0, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;
@@ -332,7 +334,7 @@ static int run_gemv(const bench_config *c)
         uint64_t sink = 0;
         int *ctr;
 
-        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb ||
+        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb || !xq.xe ||
             cpu_qmat_alloc(&proto, K, N, 1) != HD_OK) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;
@@ -430,15 +432,16 @@ static int run_gemv(const bench_config *c)
         free(y);
         free(xq.xd);
         free(xq.xb);
+        free(xq.xe);
     }
     {
         double bw1 = 0;
         hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw1);
         if (c->json) {
             printf("{\"mode\": \"gemv\", \"backend\": \"cpu\", \"isa\": \"%s\", \"threads\": %d, "
-                   "\"x\": \"%s\", \"x3\": %d, \"membw_before_GBps\": %.2f, "
+                   "\"x\": \"%s\", \"x_layout\": \"%s\", \"membw_before_GBps\": %.2f, "
                    "\"membw_after_GBps\": %.2f, \"shapes\": [", kern->name, threads,
-                   c->x32 ? "fp32" : "bf16", x3,
+                   c->x32 ? "fp32" : "bf16", x_layout,
                    bw / 1e9, bw1 / 1e9);
             for (int sh = 0; sh < n_shapes; sh++)
                 printf("%s{\"k\": %d, \"n\": %d, \"bytes\": %zu, \"copies\": %d, "
@@ -447,9 +450,9 @@ static int run_gemv(const bench_config *c)
                        copies_of[sh], g_us[sh], r_us[sh], ratio[sh]);
             printf("]}\n");
         } else {
-            printf("cold int4 GEMV, cpu (%s, %d threads, x %s); read bandwidth %.1f GB/s "
-                   "before, %.1f after\n", kern->name, threads,
-                   x3 ? "fp32 in 3 bf16 parts" : c->x32 ? "fp32" : "bf16",
+            printf("cold int4 GEMV, cpu (%s, %d threads, x %s, layout %s); read bandwidth "
+                   "%.1f GB/s before, %.1f after\n", kern->name, threads,
+                   c->x32 ? "fp32" : "bf16", x_layout,
                    bw / 1e9, bw1 / 1e9);
             printf("%-12s %10s %8s %11s %11s %10s %7s\n", "K x N", "bytes", "copies",
                    "gemv us", "read us", "gemv GB/s", "ratio");

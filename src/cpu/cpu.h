@@ -83,19 +83,19 @@ typedef struct cpu_qmat {
  * nibble bytes in theirs).  xb may be NULL (never used); bf16 says whether
  * it holds x.
  *
- * An fp32 x that is not bf16 (the expert down inputs, MLA's W_v inputs)
- * can still be split exactly into three bf16 parts, hi = bf(x), mid =
- * bf(x - hi), lo = bf(x - hi - mid), x = hi + mid + lo, where xb has room
- * for them (x3: [3k] words, hi, then mid, then lo) and the kernels have a
- * kernel for them; bf16x3 says the parts are valid: every x finite and
- * every part normal or zero, the split checked exact. */
+ * Any other x (the expert down inputs and MLA's W_v inputs, fp32 with 24
+ * significant bits; a bf16 x with a subnormal) where xe is not NULL and
+ * the kernels have a kernel for it: as floats per 16 inputs, the 8 even
+ * ones, then the 8 odd ones ([x0 x2 .. x14 x1 x3 .. x15]), which meet the
+ * even and the odd bf16 weights of 16 consecutive inputs widened to fp32;
+ * f32 says whether xe holds x. */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
-    uint16_t *xb;                   /* [k], [3k] where x3, or NULL */
+    uint16_t *xb;                   /* [k] or NULL */
+    float *xe;                      /* [k] or NULL */
     int k;
     int bf16;                       /* xb holds x (cpu_prepare_x) */
-    int x3;                         /* xb has room for the three parts */
-    int bf16x3;                     /* xb holds hi, mid, lo (cpu_prepare_x) */
+    int f32;                        /* xe holds x (cpu_prepare_x) */
 } cpu_xq;
 
 /* One matrix-vector product of a multi-product call: y[yoff + n] = the
@@ -119,10 +119,10 @@ typedef struct cpu_kernels {
      * the matrix's cpu_qmat.normal (0: the kernel checks every tile). */
     void (*gemv_pairs_bf16)(const uint8_t *tiles, int p0, int p1, int groups,
                             int normal, const uint16_t *xb, float *y);
-    /* The same from x's three bf16 parts (cpu_xq.bf16x3: xb [3k]); NULL
-     * where the instruction set has none or it does not pay. */
-    void (*gemv_pairs_bf16x3)(const uint8_t *tiles, int p0, int p1, int groups,
-                              int normal, const uint16_t *x3, float *y);
+    /* The same from x's floats in the xe layout (cpu_xq.f32); NULL where
+     * the instruction set has no such kernel. */
+    void (*gemv_pairs_f32)(const uint8_t *tiles, int p0, int p1, int groups,
+                           int normal, const float *xe, float *y);
     /* dst[i] = exp(src[i]) (SLEEF 1-ulp where built with it); in place ok. */
     void (*vexp)(float *dst, const float *src, int n);
     /* sin and cos of n angles (accurate range reduction). */
@@ -154,14 +154,14 @@ extern const cpu_kernels cpu_kernels_avx512bf16;
 /* cpu_kern_avx512bf16.c (built with -mavx512bf16). */
 void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                int groups, int normal, const uint16_t *xb, float *y);
-void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
-                                  int groups, int normal, const uint16_t *x3, float *y);
+void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
+                                   int groups, int normal, const float *xe, float *y);
 #endif
 
 /* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
- * have a kernel for them and x is bf16-exact, else from its three bf16
- * parts where the kernels have a kernel for those and the split is exact,
- * else from its floats.  normal: the matrix's cpu_qmat.normal. */
+ * have a kernel for them and x is bf16-exact, else from its xe floats
+ * where the kernels have a kernel for those and x has them, else from its
+ * floats in the xd layout.  normal: the matrix's cpu_qmat.normal. */
 static inline void cpu_gemv_pairs(const cpu_kernels *kern,
                                   const uint8_t *tiles, int p0, int p1,
                                   int groups, int normal, const cpu_xq *x,
@@ -169,8 +169,8 @@ static inline void cpu_gemv_pairs(const cpu_kernels *kern,
 {
     if (kern->gemv_pairs_bf16 && x->bf16)
         kern->gemv_pairs_bf16(tiles, p0, p1, groups, normal, x->xb, y);
-    else if (kern->gemv_pairs_bf16x3 && x->bf16x3)
-        kern->gemv_pairs_bf16x3(tiles, p0, p1, groups, normal, x->xb, y);
+    else if (kern->gemv_pairs_f32 && x->f32)
+        kern->gemv_pairs_f32(tiles, p0, p1, groups, normal, x->xe, y);
     else
         kern->gemv_pairs(tiles, p0, p1, groups, x->xd, y);
 }
@@ -237,9 +237,8 @@ static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
 /* Lays x out for the kernels (k a multiple of 8); also as bf16 words (and
  * q->bf16 = 1) when q->xb is not NULL, k is a multiple of 32 and every
  * x[i] is a bf16 value that is normal or zero (vdpbf16ps treats subnormal
- * inputs as zero); else, when q->x3 (xb [3k]) and k is a multiple of 32,
- * as three bf16 parts (and q->bf16x3 = 1) when every x[i] is finite and
- * hi + mid + lo == x[i] with each part normal or zero. */
+ * inputs as zero); else, when q->xe is not NULL and k is a multiple of
+ * 16, in the xe layout (and q->f32 = 1). */
 void cpu_prepare_x(const float *x, int k, cpu_xq *q);
 
 /* ---- cpu_gemv.c ---- */

@@ -168,14 +168,15 @@ const cpu_kernels cpu_kernels_avx512 = {
 };
 
 #ifdef HD_CPU_HAVE_AVX512BF16
-/* The AVX-512 kernels, with the vdpbf16ps GEMVs: from x's bf16 words
- * where x is exactly bf16, from its three bf16 parts where it is fp32 (the
- * expert down inputs, W_v's), else avx512_gemv_pairs (cpu_gemv_pairs). */
+/* The AVX-512 kernels, with the GEMVs of cpu_kern_avx512bf16.c: from x's
+ * bf16 words (vdpbf16ps) where x is exactly bf16, else from its floats in
+ * the xe layout (the expert down inputs, W_v's); avx512_gemv_pairs only
+ * where a vector has no xe (cpu_gemv_pairs). */
 const cpu_kernels cpu_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .gemv_pairs = avx512_gemv_pairs,
     .gemv_pairs_bf16 = cpu_avx512bf16_gemv_pairs,
-    .gemv_pairs_bf16x3 = cpu_avx512bf16_gemv_pairs_x3,
+    .gemv_pairs_f32 = cpu_avx512bf16_gemv_pairs_f32,
     .absorb = gen_absorb,
     .vexp = isa_vexp,
     .vsincos = isa_vsincos,

@@ -1,7 +1,7 @@
 /* cpu_kern_avx512bf16.c - the int4 GEMV with AVX512_BF16 (vdpbf16ps), for
- * an x that is exactly bf16 (cpu_xq.bf16), and one for an fp32 x split
- * into three exact bf16 parts (cpu_xq.bf16x3, at the end); built with -mavx512bf16 on top
- * of the AVX-512 flags into its own convenience library, called only
+ * an x that is exactly bf16 (cpu_xq.bf16), and one with the same tables and
+ * fp32 FMAs for any other x (cpu_xq.xe, at the end); built with
+ * -mavx512bf16 on top of the AVX-512 flags into its own convenience library, called only
  * after cpuid/xgetbv said the CPU has AVX512_BF16 (cpu_isa.c).
  *
  * Why it is exact.  vpermw looks the nibbles up in the tile's table of
@@ -211,144 +211,136 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
         gemv_pairs(tiles, p0, p1, groups, 1, xb, y);
 }
 
-/* ---- fp32 x as three exact bf16 parts (cpu_xq.bf16x3) ----
+/* ---- fp32 x (cpu_xq.xe) ----
  *
- * x = hi + mid + lo exactly (cpu_prepare_x), and each product of an exact
- * bf16 weight with a bf16 part is exact in fp32: three vdpbf16ps per
- * weight vector instead of one, the sums fp32, nothing rounded but the
- * sums, as in the fp32 kernel.  Each part has its own accumulator per
- * column half (12 per column pair): a vdpbf16ps waits for the one before
- * it on the same accumulator (several cycles), and with mid and lo on one
- * accumulator, as at first, those chains of 8 per tile, not the FMA pipes,
- * set the pace (7.5 against 5.6 TSC ticks per 32 bytes, hot).  At the end
- * mid + lo, then hi.  The same subnormal-weight tiles go through fp32 FMAs
- * (fma8, each part: a product of a bf16 weight with a bf16 part is exact
- * in fp32 there too, subnormals included).  As in the one-part kernel, a
- * product below 2^-126 in a vdpbf16ps tile is flushed (at most 2^-126
- * each; lo is 2^-16 of x, so this needs |w x| below about 2^-110). */
+ * The expert down inputs and W_v's are fp32 with 24 significant bits.
+ * The weights are looked up as above; each ymm of 16 weight words (16
+ * consecutive inputs) is widened to fp32, the even words shifted up and
+ * the odd ones masked (exact), and multiplied with x by fp32 FMAs, 8 per
+ * 32 bytes of tiles; xe holds x per 16 inputs, the 8 even ones then the 8
+ * odd ones, so that both halves meet x as they are.  Nothing is rounded
+ * but the sums, as in the avx512 fp32 kernel, and any fp32 x is taken as
+ * it is (subnormals, infinities, NaN).  A tile whose weights may be
+ * subnormal gets tile_table's exact rounding instead of vcvtne2ps2bf16;
+ * the FMAs keep subnormal weights.
+ *
+ * Measured against the three-part kernel it replaces (x = hi + mid + lo,
+ * three vdpbf16ps per weight vector, 12 per 32 bytes, bound by Zen 4's two
+ * FMA pipes): 6.40 against 7.12 TSC ticks per 32 bytes hot, 12.5 against
+ * 11.1 GB/s cold with one thread, and no split of x (docs/PERFORMANCE.md). */
 
-/* The accumulators of one tile column pair: h* for hi, m* for mid, l* for
- * lo; *0, *1 column A, *2, *3 column B.  Passed and returned by value, so
- * that they stay in registers (24 for a two-pair pass, of 32). */
-typedef struct acc3 {
-    __m256 h0, h1, h2, h3, m0, m1, m2, m3, l0, l1, l2, l3;
-} acc3;
-
-/* dp8 or fma8 (dot a constant at every call). */
-static inline __attribute__((always_inline)) __m256
-mac(int dot, __m256 acc, __m256i w, const uint16_t *x)
+/* acc_e += the even weights of w times x[0..7], acc_o += the odd ones
+ * times x[8..15]. */
+static inline __attribute__((always_inline)) void
+fma16(__m256 *acc_e, __m256 *acc_o, __m256i w, const float *x)
 {
-    return dot ? dp8(acc, w, x) : fma8(acc, w, x);
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    *acc_e = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+                             _mm256_loadu_ps(x), *acc_e);
+    *acc_o = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w, hm)),
+                             _mm256_loadu_ps(x + 8), *acc_o);
 }
 
-/* The four chunks of a tile for the three parts at xg, xg + xs, xg + 2 xs. */
-static inline __attribute__((always_inline)) acc3
-tile_chunks3(const uint8_t *t, const uint16_t *xg, size_t xs, __m256i TA, __m256i TB,
-             int dot, acc3 a)
+/* The accumulators of one tile column pair: a[0..3] column A (even and
+ * odd words of the low nibbles, then of the high ones), a[4..7] column B.
+ * Passed and returned by value, so that they stay in registers. */
+typedef struct accf {
+    __m256 a[8];
+} accf;
+
+/* The four chunks of a tile, tables TA and TB, x at xg (xe layout). */
+static inline __attribute__((always_inline)) accf
+tile_chunks_f32(const uint8_t *t, const float *xg, __m256i TA, __m256i TB, accf a)
 {
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         const uint8_t *c = t + 32 * i;
-        const uint16_t *xh = xg + 32 * i, *xm = xh + xs, *xl = xm + xs;
+        const float *xc = xg + 32 * i;
         __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
         __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
-        __m256i wal = _mm256_permutexvar_epi16(pa, TA);
-        __m256i wah = _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA);
-        __m256i wbl = _mm256_permutexvar_epi16(pb, TB);
-        __m256i wbh = _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB);
-        a.h0 = mac(dot, a.h0, wal, xh);
-        a.h1 = mac(dot, a.h1, wah, xh + 16);
-        a.h2 = mac(dot, a.h2, wbl, xh);
-        a.h3 = mac(dot, a.h3, wbh, xh + 16);
-        a.m0 = mac(dot, a.m0, wal, xm);
-        a.m1 = mac(dot, a.m1, wah, xm + 16);
-        a.m2 = mac(dot, a.m2, wbl, xm);
-        a.m3 = mac(dot, a.m3, wbh, xm + 16);
-        a.l0 = mac(dot, a.l0, wal, xl);
-        a.l1 = mac(dot, a.l1, wah, xl + 16);
-        a.l2 = mac(dot, a.l2, wbl, xl);
-        a.l3 = mac(dot, a.l3, wbh, xl + 16);
+        fma16(&a.a[0], &a.a[1], _mm256_permutexvar_epi16(pa, TA), xc);
+        fma16(&a.a[2], &a.a[3], _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA),
+              xc + 16);
+        fma16(&a.a[4], &a.a[5], _mm256_permutexvar_epi16(pb, TB), xc);
+        fma16(&a.a[6], &a.a[7], _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB),
+              xc + 16);
     }
     return a;
 }
 
-/* A tile whose weights may be subnormal: tile_table and fp32 FMAs.  Out
- * of line: inlined, its loads of x were merged with the hot path's and
- * hoisted above the test, spilling most of them. */
-static __attribute__((noinline, cold)) acc3
-tile_fp32_3(const uint8_t *t, const uint16_t *xg, size_t xs, acc3 a)
+/* A tile whose weights may be subnormal: tile_table's exact words.  Out of
+ * line, so that the hot loop's registers do not serve it. */
+static __attribute__((noinline, cold)) accf
+tile_f32_exact(const uint8_t *t, const float *xg, accf a)
 {
     const __m512i T = tile_table(t);
-    return tile_chunks3(t, xg, xs, _mm512_castsi512_si256(T),
-                        _mm512_extracti64x4_epi64(T, 1), 0, a);
+    return tile_chunks_f32(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1),
+                           a);
 }
 
-/* tile_ymm for the three parts. */
-static inline __attribute__((always_inline)) acc3
-tile_ymm3(const uint8_t *t, const uint16_t *xg, size_t xs, int checked, acc3 a)
+static inline __attribute__((always_inline)) accf
+tile_f32(const uint8_t *t, const float *xg, int checked, accf a)
 {
     __m256i TA, TB;
     if (checked && __builtin_expect(!tile_normal(t), 0))
-        return tile_fp32_3(t, xg, xs, a);
+        return tile_f32_exact(t, xg, a);
     tile_tables_bf16(t, &TA, &TB);
-    return tile_chunks3(t, xg, xs, TA, TB, 1, a);
+    return tile_chunks_f32(t, xg, TA, TB, a);
 }
 
-static inline acc3 acc3_zero(void)
+static inline accf accf_zero(void)
 {
-    const __m256 z = _mm256_setzero_ps();
-    acc3 a = { z, z, z, z, z, z, z, z, z, z, z, z };
+    accf a;
+    for (int i = 0; i < 8; i++)
+        a.a[i] = _mm256_setzero_ps();
     return a;
 }
 
-/* Column A's sum and column B's: (mid + lo) + hi. */
-static inline void store_pair3(float *y, acc3 a)
+/* Column A's sum and column B's. */
+static inline void store_pair_f32(float *y, accf a)
 {
-    const __m256 la = _mm256_add_ps(_mm256_add_ps(a.m0, a.m1), _mm256_add_ps(a.l0, a.l1));
-    const __m256 lb = _mm256_add_ps(_mm256_add_ps(a.m2, a.m3), _mm256_add_ps(a.l2, a.l3));
-    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h0, a.h1), la));
-    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.h2, a.h3), lb));
+    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.a[0], a.a[1]), _mm256_add_ps(a.a[2], a.a[3])));
+    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.a[4], a.a[5]), _mm256_add_ps(a.a[6], a.a[7])));
 }
 
-/* Columns of pairs [p0, p1) times x's three parts x3 [3k], two pairs per
- * pass; checked as in gemv_pairs. */
+/* Columns of pairs [p0, p1) times x (xe layout), two pairs per pass;
+ * checked as in gemv_pairs. */
 static inline __attribute__((always_inline)) void
-gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int checked,
-              const uint16_t *x3, float *y)
+gemv_pairs_f32(const uint8_t *tiles, int p0, int p1, int groups, int checked,
+               const float *xe, float *y)
 {
     const size_t ps = (size_t)groups * CPU_TILE_BYTES;
-    const size_t xs = (size_t)groups * CPU_GROUP;
     int p = p0;
     for (; p + 2 <= p1; p += 2) {
         const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
         const char *pf = (const char *)ta + PF_AHEAD;
-        acc3 a = acc3_zero(), b = acc3_zero();
+        accf a = accf_zero(), b = accf_zero();
         for (int g = 0; g < groups; g++) {
-            const uint16_t *xg = x3 + (size_t)g * CPU_GROUP;
+            const float *xg = xe + (size_t)g * CPU_GROUP;
             pf = pf_pass_step(pf);
-            a = tile_ymm3(ta + (size_t)g * CPU_TILE_BYTES, xg, xs, checked, a);
-            b = tile_ymm3(tb + (size_t)g * CPU_TILE_BYTES, xg, xs, checked, b);
+            a = tile_f32(ta + (size_t)g * CPU_TILE_BYTES, xg, checked, a);
+            b = tile_f32(tb + (size_t)g * CPU_TILE_BYTES, xg, checked, b);
         }
-        store_pair3(y + 2 * p, a);
-        store_pair3(y + 2 * p + 2, b);
+        store_pair_f32(y + 2 * p, a);
+        store_pair_f32(y + 2 * p + 2, b);
     }
     if (p < p1) {
         const uint8_t *ta = tiles + (size_t)p * ps;
-        acc3 a = acc3_zero();
+        accf a = accf_zero();
         for (int g = 0; g < groups; g++) {
             const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
             pf_tail_step(t);
-            a = tile_ymm3(t, x3 + (size_t)g * CPU_GROUP, xs, checked, a);
+            a = tile_f32(t, xe + (size_t)g * CPU_GROUP, checked, a);
         }
-        store_pair3(y + 2 * p, a);
+        store_pair_f32(y + 2 * p, a);
     }
 }
 
-void cpu_avx512bf16_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1,
-                                  int groups, int normal, const uint16_t *x3, float *y)
+void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
+                                   int groups, int normal, const float *xe, float *y)
 {
     if (normal)
-        gemv_pairs_x3(tiles, p0, p1, groups, 0, x3, y);
+        gemv_pairs_f32(tiles, p0, p1, groups, 0, xe, y);
     else
-        gemv_pairs_x3(tiles, p0, p1, groups, 1, x3, y);
+        gemv_pairs_f32(tiles, p0, p1, groups, 1, xe, y);
 }

@@ -32,16 +32,16 @@ static void *carve(carver *c, size_t bytes)
     return r;
 }
 
-/* words: 0, or x's bf16 words (k: kernels with a gemv_pairs_bf16), or
- * room for its three parts too (3k: kernels with a gemv_pairs_bf16x3,
- * for the inputs that are fp32). */
-static void carve_xq(carver *c, cpu_xq *q, int k, int words)
+/* x's floats in the xd layout; its bf16 words where xb (kernels with a
+ * gemv_pairs_bf16), its floats in the xe layout where xe (kernels with a
+ * gemv_pairs_f32). */
+static void carve_xq(carver *c, cpu_xq *q, int k, int xb, int xe)
 {
     q->k = k;
-    q->bf16 = q->bf16x3 = 0;
-    q->x3 = words == 3;
+    q->bf16 = q->f32 = 0;
     q->xd = carve(c, (size_t)k * 2 * sizeof(float));
-    q->xb = words ? carve(c, (size_t)k * (size_t)words * sizeof(uint16_t)) : NULL;
+    q->xb = xb ? carve(c, (size_t)k * sizeof(uint16_t)) : NULL;
+    q->xe = xe ? carve(c, (size_t)k * sizeof(float)) : NULL;
 }
 
 /* Lays the scratch out (s == NULL: only measures). */
@@ -52,13 +52,12 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     cpu_scratch dummy;
     const int T = cm->threads;
     const int xb = cm->kern->gemv_pairs_bf16 != NULL;
-    /* the fp32 inputs (W_v's, the down GEMVs'): three parts */
-    const int x3 = cm->kern->gemv_pairs_bf16x3 != NULL ? 3 : xb;
+    const int xe = cm->kern->gemv_pairs_f32 != NULL;
     if (!s)
         s = &dummy;
     carve(&c, sizeof(cpu_scratch));
     for (int i = 0; i < HD_MLA_HEADS; i++)
-        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, x3);
+        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, xb, xe);
     s->logits = carve(&c, (size_t)experts * sizeof(float));
     s->mla_ml = carve(&c, (size_t)T * 2 * HD_MLA_HEADS * sizeof(float));
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
@@ -73,9 +72,9 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
         th->x = carve(&c, HD_HIDDEN * sizeof(float));
         th->a = carve(&c, CPU_A * sizeof(float));
         th->qrope = carve(&c, HD_MLA_HEADS * HD_MLA_QK_ROPE * sizeof(float));
-        carve_xq(&c, &th->xq, CPU_A, xb);
+        carve_xq(&c, &th->xq, CPU_A, xb, xe);
         for (int j = 0; j < CPU_NX; j++)
-            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, x3);
+            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, xb, xe);
     }
     s->threads = T;
     return c.used;
