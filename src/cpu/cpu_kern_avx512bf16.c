@@ -41,11 +41,12 @@
  * one instruction, as hd_f32_to_bf16 does (NaN quieted alike), but
  * flushes a subnormal fp32 value to zero; so it is used only where no
  * (v - z) * s can be subnormal (cpu_table_normal: per tile, or once per
- * matrix, cpu_qmat.normal).  The building of the tables was half of the
- * kernel's time; tile_table spends ~17 zmm instructions, four of them
- * moves from general registers, on what here is 12 ymm ones: the ymm form
- * needs no extraction of column B's half, and the two lanes of a zmm cost
- * Zen 4 two ymm slots anyway. */
+ * matrix, cpu_qmat.normal).  Built with tile_table (~17 zmm instructions,
+ * four of them moves from general registers) the tables were half of the
+ * kernel's time, and with vcvtne2ps2bf16 in one zmm still a quarter (with
+ * the weights hot); here they are 12 ymm instructions: the ymm form needs
+ * no extraction of column B's half, and the two lanes of a zmm cost Zen 4
+ * two ymm slots anyway. */
 static inline __attribute__((always_inline)) void
 tile_tables_bf16(const uint8_t *t, __m256i *TA, __m256i *TB)
 {
