@@ -12,6 +12,14 @@
 #     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
 #               (HD_CUDA_TRACE=N for N in TRACE_CALLS), context 4096
 #     prof      Nsight Compute warp sampling per SASS instruction, one step
+#     rcrepro   racecheck on scripts/racecheck-bulk.cu's ten ways of
+#               refilling a bulk-copy buffer (is a report the tool's?),
+#               and on the GEMV ring alone (racecheck-gemv.cu)
+#     sass      the module's SASS (cuobjdump), for instruction counts
+#     ab        A/B on this machine: the module of another dist tarball
+#               (base/, from device-prepare.sh's BASE) built beside ours,
+#               then bench_cuda alternating between the two modules,
+#               AB_ROUNDS (3) times each, at the contexts AB_CTX
 # Logs go to $OUT (as logs.tgz at the end); a summary table is printed last.
 # Usage: .device/device-run.sh STAGE...
 set -u
@@ -140,6 +148,49 @@ for stage in "$@"; do
             >"$OUT/sass.csv" 2>>"$OUT/prof.log"
         $ncu --import /tmp/prof.ncu-rep --page details >"$OUT/details.txt" 2>>"$OUT/prof.log"
         ls -la "$OUT/sass.csv"; grep -E "Duration|Stall|Warp Cycles|Issued" "$OUT/details.txt" | head -20
+        ;;
+    rcrepro)
+        nvcc -gencode arch=compute_90a,code=sm_90a -o /tmp/rc "$here/racecheck-bulk.cu" \
+            >"$OUT/rcrepro.log" 2>&1
+        for m in 0 1 2 3 4 5 6 7 8 9; do
+            timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/rc $m \
+                >>"$OUT/rcrepro.log" 2>&1
+            note "racecheck mode $m: rc=$? $(grep -E '^(ok|BAD)|RACECHECK SUMMARY' "$OUT/rcrepro.log" | tail -2 | tr '\n' ' ')"
+        done
+        # the module's own GEMV ring in a one-CTA kernel (racecheck-gemv.cu)
+        nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 \
+            -I"$(ls -d /tmp/hd-src/hybrid-decode-*)/src/cuda" -o /tmp/rg "$here/racecheck-gemv.cu" \
+            >"$OUT/rcgemv.log" 2>&1
+        for m in 0 1 2 3 4; do
+            timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/rg $m \
+                >>"$OUT/rcgemv.log" 2>&1
+            note "racecheck gemv mode $m: rc=$? $(grep -E '^done|RACECHECK SUMMARY' "$OUT/rcgemv.log" | tail -2 | tr '\n' ' ')"
+        done
+        ;;
+    sass)
+        cuobjdump -sass $b/.libs/hd-cuda.so >"$OUT/module.sass" 2>&1
+        note "sass rc=$? lines $(wc -l <"$OUT/module.sass")"
+        ;;
+    ab)
+        bb=/tmp/hd-base
+        if [ ! -f $bb/.libs/hd-cuda.so ]; then
+            rm -rf /tmp/hd-base-src $bb && mkdir -p /tmp/hd-base-src $bb
+            tar xzf "$here"/base/hybrid-decode-*.tar.gz -C /tmp/hd-base-src
+            (cd $bb && "$(ls -d /tmp/hd-base-src/hybrid-decode-*)"/configure \
+                CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
+                LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" >"$OUT/base-configure.log" 2>&1 &&
+                make -j16 hd-cuda.la >"$OUT/base-build.log" 2>&1) || { tail -20 "$OUT/base-build.log"; continue; }
+        fi
+        for r in $(seq ${AB_ROUNDS:-3}); do
+            for v in new base; do
+                mod=$b/.libs/hd-cuda.so
+                [ $v = base ] && mod=$bb/.libs/hd-cuda.so
+                HD_CUDA_MODULE=$mod LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
+                    ${AB_CTX:-0 4096 32768} >"$OUT/ab-$v-$r.log" 2>&1
+                note "ab $v $r: $(grep -E '^bench' "$OUT/ab-$v-$r.log" |
+                    sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' ')"
+            done
+        done
         ;;
     seed)
         PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \

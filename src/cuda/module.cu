@@ -111,6 +111,18 @@ static void model_release(CudaModel *cm)
 /* Bytes of bf16 tensors uploaded as they are. */
 static size_t pad256(size_t b) { return (b + 255) / 256 * 256; }
 
+/* An integer switch from the environment: its value when set to a number
+ * in [lo, hi], else def. */
+static int env_int(const char *name, int lo, int hi, int def)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (!v || !*v)
+        return def;
+    long n = strtol(v, &end, 0);
+    return *end == '\0' && n >= lo && n <= hi ? (int)n : def;
+}
+
 static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
 {
     hd_status st = HD_OK;
@@ -136,19 +148,15 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
     }
     CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cm->device));
     {
-        const char *sp = getenv("HD_CUDA_SPLIT");
-        int split = sp ? atoi(sp) : 0;
-        if (split != 1 && split != 2 && split != 4 && split != 8 && split != 16)
+        int split = env_int("HD_CUDA_SPLIT", 1, 16, 0);
+        if (split & (split - 1)) /* 1, 2, 4, 8 or 16 */
             split = 0;
         /* HD_CUDA_SLOTS=N (1 .. 16): at most N ring slots a GEMV, fewer
          * bulk copies in flight an SM; 5 unless set (16: as many as fit,
          * up to 7 for K = 2304, 4 for K = 4096, 16 for K = 1024).  A cap
          * of 4 or 5 measured 1-1.5 % faster at context 4096 than none, 2
          * slots 5 % slower (docs/PERF-CUDA.md, v8 and v9). */
-        const char *sl = getenv("HD_CUDA_SLOTS");
-        int slots = sl ? atoi(sl) : HDC_SLOTS_DEFAULT;
-        if (slots < 1 || slots > 16)
-            slots = HDC_SLOTS_DEFAULT;
+        const int slots = env_int("HD_CUDA_SLOTS", 1, 16, HDC_SLOTS_DEFAULT);
         CK(hdc_kernel_setup(cm->device, &per_sm, split, slots));
     }
     if (!coop || per_sm < 1) {
@@ -298,9 +306,9 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * each on its own.  None helps alone either (context 4096: 378.7,
          * 372.7, 375.1, 375.3, 382.5 and 376.1 us against 374.9 with
          * none; device call 6 of 2026-12-04's sixth session) */
-        const char *pm = getenv("HD_CUDA_PRIME_MASK");
-        if (pm)
-            p.prime = (int)(strtol(pm, nullptr, 0) & 0x3f);
+        const int pm = env_int("HD_CUDA_PRIME_MASK", 0, 0x3f, -1);
+        if (pm >= 0)
+            p.prime = pm;
         /* HD_CUDA_FLAGS=0 puts the grid barriers back where the delta rule
          * and the down projections wait for flags (measurements,
          * cross-checks) */
@@ -325,10 +333,7 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * 379 us: fewer splits make the merge shorter (19 -> 12 us) by
          * more than the attention grows (27 -> 30 us; device calls 2 and
          * 3 of 2026-12-04's sixth session). */
-        const char *sm = getenv("HD_CUDA_SPLIT_MIN");
-        cm->split_min = sm ? atoi(sm) : 128;
-        if (cm->split_min < 32 || cm->split_min > 4096)
-            cm->split_min = 128;
+        cm->split_min = env_int("HD_CUDA_SPLIT_MIN", 32, 4096, 128);
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocMapped));
@@ -590,8 +595,7 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     }
     if (e == cudaSuccess && p.trace && timed) {
         /* HD_CUDA_TRACE=N: CTA 5's N-th GEMV call (1 when N is not a number) */
-        const int n = atoi(getenv("HD_CUDA_TRACE"));
-        e = hdc_gemv_trace(nullptr, n > 0 ? n : 1);
+        e = hdc_gemv_trace(nullptr, env_int("HD_CUDA_TRACE", 1, 1 << 20, 1));
     }
     if (e == cudaSuccess && timed)
         e = cudaEventRecord(ev[1], cm->stream);
