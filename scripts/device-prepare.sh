@@ -31,5 +31,5 @@ if [ -n "${BASE:-}" ]; then
 fi
 cp "$spec/seed_mega.py" "$dest/"
 cp "$src/scripts/seed_bench.py" "$src/scripts/device-run.sh" "$src/scripts/racecheck-bulk.cu" \
-    "$src/scripts/racecheck-gemv.cu" "$dest/"
+    "$src/scripts/racecheck-gemv.cu" "$src/scripts/gemv-bench.cu" "$dest/"
 ls -la "$dest" "$dest/debs"

@@ -16,6 +16,12 @@
 #               refilling a bulk-copy buffer (is a report the tool's?),
 #               and on the GEMV ring alone (racecheck-gemv.cu)
 #     sass      the module's SASS (cuobjdump), for instruction counts
+#     abvar     module variants of this tarball (AB_VARS: name:NVCCFLAGS)
+#               against ours: checksums, a check, alternating bench_cuda
+#     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
+#               from DRAM: unit-loop variants (GEMV_UNROLL, GEMV_PIPE,
+#               GEMV_ZPAIR), forced splits, bf16 and fp32 x, one-block
+#               calls
 #     ab        A/B on this machine: the module of another dist tarball
 #               (base/, from device-prepare.sh's BASE) built beside ours,
 #               then bench_cuda alternating between the two modules,
@@ -165,6 +171,66 @@ for stage in "$@"; do
             timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/rg $m \
                 >>"$OUT/rcgemv.log" 2>&1
             note "racecheck gemv mode $m: rc=$? $(grep -E '^done|RACECHECK SUMMARY' "$OUT/rcgemv.log" | tail -2 | tr '\n' ' ')"
+        done
+        ;;
+    gemvbench)
+        src=$(ls -d /tmp/hd-src/hybrid-decode-*)/src/cuda
+        for v in u2:-DGEMV_UNROLL=2 u1:-DGEMV_UNROLL=1 u4:-DGEMV_UNROLL=4 p2:-DGEMV_PIPE=1 p1:-DGEMV_PIPE=1+-DGEMV_UNROLL=1 z2:-DGEMV_ZPAIR=1; do
+            fl=${v#*:}
+            nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$src" ${fl//+/ } -o /tmp/gb-${v%%:*} \
+                "$here/gemv-bench.cu" >"$OUT/gemvbench-build-${v%%:*}.log" 2>&1 &
+        done
+        wait
+        : >"$OUT/gemvbench.log"
+        for v in u2 u1 u4 p2 p1 z2; do
+            for shape in "2304 8 1" "4096 2 1" "1024 8 3" "2304 1 1" "4096 8 1"; do
+                timeout 60 /tmp/gb-$v $shape 0 >>"$OUT/gemvbench.log" 2>&1
+            done
+        done
+        for sp in 1 2 4 8 16; do
+            timeout 60 /tmp/gb-u2 2304 8 1 $sp >>"$OUT/gemvbench.log" 2>&1
+            timeout 60 /tmp/gb-u2 1024 8 3 $sp >>"$OUT/gemvbench.log" 2>&1
+        done
+        cat "$OUT/gemvbench.log" | tee -a "$summary"
+        for v in u2 z2; do cuobjdump -sass /tmp/gb-$v >"$OUT/gemvbench-$v.sass" 2>&1; done
+        ;;
+    abvar)
+        # module variants built from this tarball with NVCCFLAGS (AB_VARS,
+        # name:flags, + for a space), then for each the checksum of 4 steps
+        # (E 256, context 300: the same bits as ours expected), an E 16
+        # check against the reference, and bench_cuda alternating with
+        # ours, AB_ROUNDS (2) times, at the contexts AB_CTX
+        srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
+        vars=${AB_VARS:-u4:-DGEMV_UNROLL=4 z2:-DGEMV_ZPAIR=1 p2:-DGEMV_PIPE=1}
+        for v in $vars; do
+            n=${v%%:*} fl=${v#*:}
+            (rm -rf /tmp/hd-var-$n && mkdir -p /tmp/hd-var-$n && cd /tmp/hd-var-$n &&
+                "$srcdir"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
+                    LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" >"$OUT/var-$n-configure.log" 2>&1 &&
+                make -j4 hd-cuda.la NVCCFLAGS="${fl//+/ }" >"$OUT/var-$n-build.log" 2>&1) &
+        done
+        wait
+        mods="ours:$b/.libs/hd-cuda.so"
+        for v in $vars; do
+            n=${v%%:*}
+            [ -f /tmp/hd-var-$n/.libs/hd-cuda.so ] || { note "variant $n: build failed"; continue; }
+            mods="$mods $n:/tmp/hd-var-$n/.libs/hd-cuda.so"
+        done
+        for m in $mods; do
+            HD_CUDA_MODULE=${m#*:} timeout 120 $run --backend cuda --experts 256 --context 300 --steps 4 -q \
+                >"$OUT/var-${m%%:*}-run.log" 2>&1
+            cs=$(grep -o 'checksum=[0-9a-f]*' "$OUT/var-${m%%:*}-run.log")
+            HD_CUDA_MODULE=${m#*:} timeout 120 $run --backend cuda --experts 16 --context 100 --steps 3 --check \
+                >"$OUT/var-${m%%:*}-check.log" 2>&1
+            note "variant ${m%%:*}: $cs check rc=$? $(tail -1 "$OUT/var-${m%%:*}-check.log")"
+        done
+        for r in $(seq ${AB_ROUNDS:-2}); do
+            for m in $mods; do
+                HD_CUDA_MODULE=${m#*:} LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
+                    ${AB_CTX:-0 4096 32768} >"$OUT/abvar-${m%%:*}-$r.log" 2>&1
+                note "abvar ${m%%:*} $r: $(grep -E '^bench' "$OUT/abvar-${m%%:*}-$r.log" |
+                    sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' ')"
+            done
         done
         ;;
     sass)
