@@ -19,8 +19,8 @@
 #     abvar     module variants of this tarball (AB_VARS: name:NVCCFLAGS)
 #               against ours: checksums, a check, alternating bench_cuda
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
-#               from DRAM: unit-loop variants (GEMV_UNROLL, GEMV_PIPE,
-#               GEMV_ZPAIR), forced splits, bf16 and fp32 x, one-block
+#               from DRAM: the unit loop's unroll (GEMV_UNROLL),
+#               forced splits, bf16 and fp32 x, one-block
 #               calls
 #     ab        A/B on this machine: the module of another dist tarball
 #               (base/, from device-prepare.sh's BASE) built beside ours,
@@ -175,14 +175,14 @@ for stage in "$@"; do
         ;;
     gemvbench)
         src=$(ls -d /tmp/hd-src/hybrid-decode-*)/src/cuda
-        for v in u2:-DGEMV_UNROLL=2 u1:-DGEMV_UNROLL=1 u4:-DGEMV_UNROLL=4 p2:-DGEMV_PIPE=1 p1:-DGEMV_PIPE=1+-DGEMV_UNROLL=1 z2:-DGEMV_ZPAIR=1; do
+        for v in u2:-DGEMV_UNROLL=2 u1:-DGEMV_UNROLL=1 u4:-DGEMV_UNROLL=4; do
             fl=${v#*:}
             nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -I"$src" ${fl//+/ } -o /tmp/gb-${v%%:*} \
                 "$here/gemv-bench.cu" >"$OUT/gemvbench-build-${v%%:*}.log" 2>&1 &
         done
         wait
         : >"$OUT/gemvbench.log"
-        for v in u2 u1 u4 p2 p1 z2; do
+        for v in u2 u1 u4; do
             for shape in "2304 8 1" "4096 2 1" "1024 8 3" "2304 1 1" "4096 8 1"; do
                 timeout 60 /tmp/gb-$v $shape 0 >>"$OUT/gemvbench.log" 2>&1
             done
@@ -192,7 +192,7 @@ for stage in "$@"; do
             timeout 60 /tmp/gb-u2 1024 8 3 $sp >>"$OUT/gemvbench.log" 2>&1
         done
         cat "$OUT/gemvbench.log" | tee -a "$summary"
-        for v in u2 z2; do cuobjdump -sass /tmp/gb-$v >"$OUT/gemvbench-$v.sass" 2>&1; done
+        for v in u2; do cuobjdump -sass /tmp/gb-$v >"$OUT/gemvbench-$v.sass" 2>&1; done
         ;;
     abvar)
         # module variants built from this tarball with NVCCFLAGS (AB_VARS,
@@ -201,7 +201,7 @@ for stage in "$@"; do
         # check against the reference, and bench_cuda alternating with
         # ours, AB_ROUNDS (2) times, at the contexts AB_CTX
         srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
-        vars=${AB_VARS:-u4:-DGEMV_UNROLL=4 z2:-DGEMV_ZPAIR=1 p2:-DGEMV_PIPE=1}
+        vars=${AB_VARS:-u4:-DGEMV_UNROLL=4 u1:-DGEMV_UNROLL=1}
         for v in $vars; do
             n=${v%%:*} fl=${v#*:}
             (rm -rf /tmp/hd-var-$n && mkdir -p /tmp/hd-var-$n && cd /tmp/hd-var-$n &&

@@ -4,7 +4,7 @@
  * come from DRAM), with x as bf16 (parts 1) or fp32 (parts 3).  What it
  * prints: the time of a call (launch overhead spread over the calls) and
  * the weight bytes per second of the whole GPU.  Build variants of the
- * unit loop with -DGEMV_UNROLL=N, -DGEMV_PIPE=1 and -DGEMV_ZPAIR=1, and force the warps a
+ * unit loop with -DGEMV_UNROLL=N, and force the warps a
  * block with the SPLIT argument (0: the module's choice).
  *   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -I src/cuda \
  *        -o gb scripts/gemv-bench.cu
@@ -94,9 +94,9 @@ int main(int argc, char **argv)
     }
     float out = 0;
     cudaError_t e = cudaMemcpy(&out, res, sizeof out, cudaMemcpyDeviceToHost);
-    printf("gemv K=%d NB=%d parts=%d split=%d unroll=%d pipe=%d zpair=%d calls=%d: %.2f us a call, "
+    printf("gemv K=%d NB=%d parts=%d split=%d unroll=%d calls=%d: %.2f us a call, "
            "%.0f GB/s of weights (%s, out %g)\n",
-           K, NB, parts, split, GEMV_UNROLL, GEMV_PIPE, GEMV_ZPAIR, calls, best * 1e3 / calls,
+           K, NB, parts, split, GEMV_UNROLL, calls, best * 1e3 / calls,
            (double)(wall + zall) / (best * 1e-3) / 1e9, cudaGetErrorString(e), out);
     return e == cudaSuccess ? 0 : 1;
 }

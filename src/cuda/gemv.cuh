@@ -92,25 +92,19 @@ __device__ __forceinline__ unsigned long long evict_first_policy()
     return pol;
 }
 
+/* The unit loop's unroll factor: a switch for scripts/gemv-bench.cu's
+ * measurements (the module is built with 2; 1 and 4 measured no faster,
+ * nor were the next unit's words loaded ahead, nor a group's constants
+ * loaded once for its two units: docs/PERF-CUDA.md, ninth session). */
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 2
+#endif
+constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
+
 /* The ring: shared memory past the GEMV map (SM_XB_END) that the bulk
  * copies of a task's weight blocks stream into, and its mbarriers.  Each
  * gemv_run drains it before it returns, so other phases may use the bytes
  * (the attention does). */
-/* The unit loop's unroll factor, GEMV_PIPE=1 to load a unit's words one
- * unit ahead, GEMV_ZPAIR=1 to load a group's constants once for its two
- * units: switches for scripts/gemv-bench.cu's measurements (the
- * module is built with the defaults). */
-#ifndef GEMV_UNROLL
-#define GEMV_UNROLL 2
-#endif
-#ifndef GEMV_PIPE
-#define GEMV_PIPE 0
-#endif
-#ifndef GEMV_ZPAIR
-#define GEMV_ZPAIR 0
-#endif
-constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
-
 #define GEMV_RING_OFF (SM_XB_END * 4)
 #define GEMV_RING_BYTES (152 * 1024)
 #define GEMV_RING_SLOTS 16
@@ -480,62 +474,6 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             gtr_mark(1, jb);
         if (lane == 0 && si == 0)
             gtr_mark(2, jb);
-#if GEMV_ZPAIR
-        /* (measurement variant) a group's constants (two units) loaded
-         * once: an odd first unit alone, then pairs, then an odd last */
-        {
-            auto unit = [&](int u, const Deq &za, const Deq &zb) {
-                const uint4 q = lds128(sw + (uint32_t)((u * 32 + lane) * 16));
-                const uint32_t xc = xb + (uint32_t)u * (4 * 12 * 8);
-                uint2 bx[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
-                unit_mma(acc, acc1, q, za, zb, bx);
-            };
-            auto zpa = [&](int u) { return sz + (uint32_t)(((u >> 1) * 16 + g) * 8); };
-            int u = u0;
-            if (u & 1) {
-                unit(u, deq_consts(lds64(zpa(u))), deq_consts(lds64(zpa(u) + 64)));
-                u++;
-            }
-#pragma unroll 1
-            for (; u + 2 <= u1; u += 2) {
-                const Deq za = deq_consts(lds64(zpa(u))), zb = deq_consts(lds64(zpa(u) + 64));
-                unit(u, za, zb);
-                unit(u + 1, za, zb);
-            }
-            if (u < u1)
-                unit(u, deq_consts(lds64(zpa(u))), deq_consts(lds64(zpa(u) + 64)));
-        }
-#elif GEMV_PIPE
-        /* (measurement variant) the next unit's weights and constants
-         * loaded before this unit's arithmetic */
-        uint4 qn = lds128(sw + (uint32_t)((u0 * 32 + lane) * 16));
-        uint2 zn0, zn1;
-        {
-            const uint32_t zp = sz + (uint32_t)(((u0 >> 1) * 16 + g) * 8);
-            zn0 = lds64(zp);
-            zn1 = lds64(zp + 64);
-        }
-#pragma unroll kGemvUnroll
-        for (int u = u0; u < u1; u++) {
-            const uint4 q = qn;
-            const uint2 z0 = zn0, z1 = zn1;
-            if (u + 1 < u1) {
-                qn = lds128(sw + (uint32_t)(((u + 1) * 32 + lane) * 16));
-                const uint32_t zp = sz + (uint32_t)((((u + 1) >> 1) * 16 + g) * 8);
-                zn0 = lds64(zp);
-                zn1 = lds64(zp + 64);
-            }
-            const uint32_t xc = xb + (uint32_t)u * (4 * 12 * 8);
-            uint2 bx[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
-            unit_mma(acc, acc1, q, deq_consts(z0), deq_consts(z1), bx);
-        }
-#else
 #pragma unroll kGemvUnroll
         for (int u = u0; u < u1; u++) {
             const uint4 q = lds128(sw + (uint32_t)((u * 32 + lane) * 16));
@@ -547,7 +485,6 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
                 bx[i] = has_x ? lds64(xc + i * 12 * 8) : make_uint2(0u, 0u);
             unit_mma(acc, acc1, q, deq_consts(lds64(zp)), deq_consts(lds64(zp + 64)), bx);
         }
-#endif
         if (lane == 0 && si == 0)
             gtr_mark(3, jb);
         /* every thread releases its own reads of the slot (an arrival
