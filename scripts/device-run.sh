@@ -19,9 +19,8 @@
 #     abvar     module variants of this tarball (AB_VARS: name:NVCCFLAGS)
 #               against ours: checksums, a check, alternating bench_cuda
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
-#               from DRAM: the unit loop's unroll (GEMV_UNROLL),
-#               forced splits, bf16 and fp32 x, one-block
-#               calls
+#               from DRAM: the unit loop's unroll (GEMV_UNROLL), forced
+#               splits, bf16 and fp32 x, one-block calls
 #     ab        A/B on this machine: the module of another dist tarball
 #               (base/, from device-prepare.sh's BASE) built beside ours,
 #               then bench_cuda alternating between the two modules,
@@ -35,6 +34,32 @@ mkdir -p "$OUT"
 summary=$OUT/summary.txt
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
+# configure the unpacked dist tree $1 in the current directory against the
+# unpacked .debs (further arguments go to configure)
+deps_configure() {
+    local src=$1
+    shift
+    "$src"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
+        LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" "$@"
+}
+# bench_cuda's figures in log $1 as "context:median_us ..."
+bench_pairs() {
+    grep -E '^bench' "$1" | sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' '
+}
+# bench_cuda (E 256, 20 steps, the contexts AB_CTX) with each module of
+# "name:path ..." in turn, $1 rounds; logs $OUT/$2-name-round.log, and a
+# summary line "$2 name round: context:median_us ..."
+alternate() {
+    local rounds=$1 tag=$2 r m
+    shift 2
+    for r in $(seq "$rounds"); do
+        for m in "$@"; do
+            HD_CUDA_MODULE=${m#*:} LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
+                ${AB_CTX:-0 4096 32768} >"$OUT/$tag-${m%%:*}-$r.log" 2>&1
+            note "$tag ${m%%:*} $r: $(bench_pairs "$OUT/$tag-${m%%:*}-$r.log")"
+        done
+    done
+}
 
 deps=/tmp/deps
 if [ ! -d $deps/usr ]; then
@@ -58,8 +83,7 @@ if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     rm -rf /tmp/hd-src && mkdir -p /tmp/hd-src && tar xzf "$here"/hybrid-decode-*.tar.gz -C /tmp/hd-src
     srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
     mkdir -p $b && cd $b
-    "$srcdir"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" \
-        >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+    deps_configure "$srcdir" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
     grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
     make -j16 >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
     make -j16 tests/bench_cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
@@ -205,8 +229,7 @@ for stage in "$@"; do
         for v in $vars; do
             n=${v%%:*} fl=${v#*:}
             (rm -rf /tmp/hd-var-$n && mkdir -p /tmp/hd-var-$n && cd /tmp/hd-var-$n &&
-                "$srcdir"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
-                    LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" >"$OUT/var-$n-configure.log" 2>&1 &&
+                deps_configure "$srcdir" >"$OUT/var-$n-configure.log" 2>&1 &&
                 make -j4 hd-cuda.la NVCCFLAGS="${fl//+/ }" >"$OUT/var-$n-build.log" 2>&1) &
         done
         wait
@@ -224,14 +247,7 @@ for stage in "$@"; do
                 >"$OUT/var-${m%%:*}-check.log" 2>&1
             note "variant ${m%%:*}: $cs check rc=$? $(tail -1 "$OUT/var-${m%%:*}-check.log")"
         done
-        for r in $(seq ${AB_ROUNDS:-2}); do
-            for m in $mods; do
-                HD_CUDA_MODULE=${m#*:} LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
-                    ${AB_CTX:-0 4096 32768} >"$OUT/abvar-${m%%:*}-$r.log" 2>&1
-                note "abvar ${m%%:*} $r: $(grep -E '^bench' "$OUT/abvar-${m%%:*}-$r.log" |
-                    sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' ')"
-            done
-        done
+        alternate ${AB_ROUNDS:-2} abvar $mods
         ;;
     sass)
         cuobjdump -sass $b/.libs/hd-cuda.so >"$OUT/module.sass" 2>&1
@@ -242,21 +258,11 @@ for stage in "$@"; do
         if [ ! -f $bb/.libs/hd-cuda.so ]; then
             rm -rf /tmp/hd-base-src $bb && mkdir -p /tmp/hd-base-src $bb
             tar xzf "$here"/base/hybrid-decode-*.tar.gz -C /tmp/hd-base-src
-            (cd $bb && "$(ls -d /tmp/hd-base-src/hybrid-decode-*)"/configure \
-                CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
-                LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" >"$OUT/base-configure.log" 2>&1 &&
+            (cd $bb && deps_configure "$(ls -d /tmp/hd-base-src/hybrid-decode-*)" \
+                >"$OUT/base-configure.log" 2>&1 &&
                 make -j16 hd-cuda.la >"$OUT/base-build.log" 2>&1) || { tail -20 "$OUT/base-build.log"; continue; }
         fi
-        for r in $(seq ${AB_ROUNDS:-3}); do
-            for v in new base; do
-                mod=$b/.libs/hd-cuda.so
-                [ $v = base ] && mod=$bb/.libs/hd-cuda.so
-                HD_CUDA_MODULE=$mod LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
-                    ${AB_CTX:-0 4096 32768} >"$OUT/ab-$v-$r.log" 2>&1
-                note "ab $v $r: $(grep -E '^bench' "$OUT/ab-$v-$r.log" |
-                    sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' ')"
-            done
-        done
+        alternate ${AB_ROUNDS:-3} ab new:$b/.libs/hd-cuda.so base:$bb/.libs/hd-cuda.so
         ;;
     seed)
         PYTHONUNBUFFERED=1 timeout 300 python3 "$here/seed_bench.py" "$here" 256 40 0 4096 32768 \

@@ -64,6 +64,8 @@ int main(int argc, char **argv)
     /* constants: scale 1/64 (bf16 0x3c80) twice, c1 = 136 (0x4308), c2 = 0 */
     {
         unsigned char *h = (unsigned char *)malloc(zall);
+        if (!h)
+            return 3;
         for (size_t i = 0; i + 8 <= zall; i += 8) {
             const unsigned char c[8] = {0x80, 0x3c, 0x80, 0x3c, 0x08, 0x43, 0x00, 0x00};
             for (int j = 0; j < 8; j++)
