@@ -473,9 +473,13 @@ START_TEST(test_qmat_normal)
     ck_assert_int_eq(cpu_table_normal(0x0400, 0x3f00), 0);
     ck_assert_int_eq(cpu_table_normal(0x3f80, 0x8000), 1);  /* z -0 */
     rand_qweights(&r, K, N, 0, 0, w_q, sc, ze);
-    for (int bad = -1; bad < 2; bad++) {      /* the part with a bad column */
+    /* both layouts (the flag does not depend on the order of the bytes),
+     * and the part with a bad column: none, the first, the second */
+    for (int lb = 0; lb < 6; lb++) {
+        const cpu_layout layout = lb < 3 ? CPU_LAYOUT_PAIRED : CPU_LAYOUT_SLICED;
+        const int bad = lb % 3 - 1;
         cpu_qmat m;
-        ck_assert_int_eq(cpu_qmat_alloc(&m, K, 2 * N, 1), HD_OK);
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, 2 * N, 1, layout), HD_OK);
         ck_assert_int_eq(m.normal, 1);
         for (int part = 0; part < 2; part++) {
             const uint16_t keep = sc[N + 17];
@@ -519,8 +523,9 @@ static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P
 /* The path choice of cpu_prepare_x and cpu_gemv_pairs: a bf16-exact x
  * goes through x's bf16 words (the floats are poisoned to prove it) and
  * matches the exact sum; an x that is not (one low bit set, a subnormal)
- * or that has no bf16 words goes through the fp32 avx512 kernel, bit for
- * bit (the bf16 words poisoned).  Odd pair counts and ranges cover the
+ * goes through the fp32 kernel on its xd floats (xq has no xe), the same
+ * bits as on its xe floats (the bf16 words poisoned); without bf16 words
+ * never the bf16 path.  The tiles are in the kernels' layout (sliced).  Odd pair counts and ranges cover the
  * kernel's one-pair tail; the last shape has columns with scales near
  * 2^-126 (subnormal weights: the kernel's fp32 tiles). */
 START_TEST(test_bf16_gemv)
@@ -564,7 +569,7 @@ START_TEST(test_bf16_gemv)
                          ldexpf(1.0f, (int)(lcg(&r) % 13) - 8));
         x[1] = 0.0f;
         x[2] = -0.0f;
-        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1, kb->layout), HD_OK);
         cpu_repack_raw(&m, 0, w_q, sc, ze);
         /* the last shape's tiny scales make subnormal weights */
         ck_assert_int_eq(m.normal, sh != n_shapes - 1);
@@ -579,9 +584,11 @@ START_TEST(test_bf16_gemv)
         check_pairs_ranges(kb, &m, P, &xq, y, ref, mag, N, what);
 
         /* not bf16 (one fp32 ulp on one x; then a subnormal): the fp32
-         * kernel, the same bits as avx512's */
+         * kernel on the xd floats (xq has no xe), the same bits as on the
+         * xe floats */
         for (int v = 0; v < 2; v++) {
             float *xv = tu_xmalloc((size_t)K * 4);
+            cpu_xq xe = { tu_xmalloc((size_t)K * 8), NULL, tu_xmalloc((size_t)K * 4), K, 0, 0 };
             memcpy(xv, x, (size_t)K * 4);
             if (v == 0)
                 xv[K / 3] = nextafterf(xv[K / 3] == 0.0f ? 1.0f : xv[K / 3], INFINITY);
@@ -590,12 +597,19 @@ START_TEST(test_bf16_gemv)
             gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.bf16, 0);
+            ck_assert_int_eq(xq.f32, 0);
             for (int i = 0; i < K; i++)
                 xq.xb[i] = 0x7fc0;              /* NaN */
             cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, m.normal, &xq, y);
-            k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
+            cpu_prepare_x(xv, K, &xe);
+            ck_assert_int_eq(xe.f32, 1);
+            for (int i = 0; i < 2 * K; i++)
+                xe.xd[i] = NAN;
+            cpu_gemv_pairs(kb, m.tiles, 0, P, m.groups, m.normal, &xe, y5);
             ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
-                          "non-bf16 x (%d), K %d N %d: not the avx512 kernel", v, K, N);
+                          "non-bf16 x (%d), K %d N %d: xd and xe paths differ", v, K, N);
+            free(xe.xd);
+            free(xe.xe);
             snprintf(what, sizeof what, "non-bf16 x (%d), K %d N %d", v, K, N);
             check_close(y, ref, mag, N, what);
             free(xv);
@@ -635,13 +649,16 @@ END_TEST
  * column exactly w[k][n] x rounded once, for k at the edges of the
  * layout's blocks (a misplaced input would pick another weight); an
  * infinity or a NaN gives what the double sum gives; a bf16 x keeps the
- * bf16 kernel; without xe, the avx512 kernel, bit for bit.  The last
+ * bf16 kernel; without xe, the xd floats give the xe floats' bits.  The
+ * inputs placed alone cover the sliced layout's slices (16 inputs) and
+ * chunks (64) and the group's end (128).  The last
  * shape has subnormal weights (normal 0: tile_table's words, fp32 FMAs). */
 START_TEST(test_f32_gemv)
 {
     static const int shapes[][2] = { { 128, 2 }, { 512, 128 }, { 512, 34 },
                                      { 1024, 2304 }, { 4096, 98 }, { 1024, 66 } };
-    static const int one_at[] = { 0, 1, 7, 8, 9, 14, 15, 16, 17, 31, 32, 127, 128 };
+    static const int one_at[] = { 0, 1, 7, 8, 9, 14, 15, 16, 17, 31, 32, 47, 48, 63, 64,
+                                  65, 79, 80, 111, 112, 127, 128, 129, 191, 192 };
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     if (!isa_ok[3]) {
         printf("f32 gemv: SKIP (no %s path)\n", ISA[3]);
@@ -677,7 +694,7 @@ START_TEST(test_f32_gemv)
         x[3] = 1.5f;
         x[4] = -0x1p-100f * (1.0f + 0x1p-9f + 0x1p-20f);
         x[5] = 1e-40f;                                      /* subnormal */
-        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1), HD_OK);
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1, kx->layout), HD_OK);
         cpu_repack_raw(&m, 0, w_q, sc, ze);
         ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
@@ -719,7 +736,8 @@ START_TEST(test_f32_gemv)
                               K, N, n, (double)y[n], ref[n]);
         }
 
-        /* bf16 x: the bf16 kernel; no xe: the avx512 kernel, bit for bit */
+        /* bf16 x: the bf16 kernel; no xe: the xd floats, the same bits as
+         * the xe floats (y from the NaN case above is overwritten) */
         for (int k = 0; k < K; k++)
             xv[k] = hd_bf(x[k]);
         xv[5] = 0.0f;
@@ -732,10 +750,12 @@ START_TEST(test_f32_gemv)
             cpu_prepare_x(x, K, &xq);
             ck_assert_int_eq(xq.f32, 0);
             cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
-            k5->gemv_pairs(m.tiles, 0, P, m.groups, xq.xd, y5);
-            ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
-                          "no xe, K %d N %d: not the avx512 kernel", K, N);
             xq.xe = xe;
+            cpu_prepare_x(x, K, &xq);
+            ck_assert_int_eq(xq.f32, 1);
+            cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y5);
+            ck_assert_msg(memcmp(y, y5, (size_t)N * 4) == 0,
+                          "no xe, K %d N %d: not the xe kernel's bits", K, N);
         }
 
         printf("f32 gemv K %d N %d: ok\n", K, N);

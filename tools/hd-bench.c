@@ -335,7 +335,7 @@ static int run_gemv(const bench_config *c)
         int *ctr;
 
         if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb || !xq.xe ||
-            cpu_qmat_alloc(&proto, K, N, 1) != HD_OK) {
+            cpu_qmat_alloc(&proto, K, N, 1, kern->layout) != HD_OK) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;
         }

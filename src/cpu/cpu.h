@@ -24,6 +24,17 @@
  * kernel streams two column pairs at once (two tiles of the same group); the
  * AVX-512 kernel holds both tables of a tile in one zmm for vpermw.  The
  * bytes equal the file's int4 bytes: nothing is expanded.
+ *
+ * The AVX512_BF16 kernels take the same tiles with the 128 weight bytes in
+ * another order, the sliced layout (CPU_LAYOUT_SLICED): column A's 64
+ * bytes, then column B's; a column's 32-byte chunk c holds its inputs
+ * 64c .. 64c + 63, its 16-bit word j the inputs 64c + j, + 16, + 32 and
+ * + 48 in bits 0-3, 4-7, 8-11 and 12-15.  One 32-byte load then indexes
+ * the column's table as it is (vpermw on a ymm reads the low 4 bits of a
+ * word) and shifted right by 4, 8 and 12: four vpermw give the weights of
+ * 16 consecutive inputs each, with no widening of bytes to words (which
+ * took the shuffle ports that vpermw needs).  The scales and zeros are
+ * where they are in the paired layout.
  */
 #ifndef HD_CPU_H
 #define HD_CPU_H
@@ -37,6 +48,12 @@
 #define CPU_GROUP 128               /* inputs per tile (one scale group)  */
 #define CPU_TILE_W 128              /* weight bytes per tile              */
 #define CPU_TILE_BYTES 136          /* + 2 bf16 scales + 2 bf16 zeros     */
+
+/* The order of a tile's 128 weight bytes (above). */
+typedef enum cpu_layout {
+    CPU_LAYOUT_PAIRED = 0,          /* portable, avx2, avx512 */
+    CPU_LAYOUT_SLICED = 1           /* avx512bf16 */
+} cpu_layout;
 
 typedef enum cpu_isa {
     CPU_ISA_PORTABLE = 0,
@@ -69,6 +86,7 @@ typedef struct cpu_qmat {
     int k, n, groups, pairs, count;
     size_t member_tiles;            /* pairs * groups                      */
     int normal;
+    cpu_layout layout;              /* the kernels' (cpu_kernels.layout)   */
 } cpu_qmat;
 
 /* An activation vector of k values in the layout the kernels multiply
@@ -111,6 +129,7 @@ typedef struct cpu_job {
 /* The kernels of one instruction set. */
 typedef struct cpu_kernels {
     const char *name;               /* "portable", "avx2", "avx512"        */
+    cpu_layout layout;              /* of the tiles its GEMVs read         */
     /* y[2p], y[2p + 1] = columns of pairs [p0, p1) times x. */
     void (*gemv_pairs)(const uint8_t *tiles, int p0, int p1, int groups,
                        const float *xd, float *y);
@@ -156,6 +175,8 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                int groups, int normal, const uint16_t *xb, float *y);
 void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const float *xe, float *y);
+void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int groups,
+                                  const float *xd, float *y);
 #endif
 
 /* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
@@ -207,7 +228,9 @@ typedef struct cpu_model {
 } cpu_model;
 
 /* ---- cpu_repack.c ---- */
-hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count);
+/* A matrix (or bank of count) of k inputs and n outputs whose tiles will
+ * be packed in `layout` (the kernels' cpu_kernels.layout). */
+hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count, cpu_layout layout);
 void cpu_qmat_free(cpu_qmat *m);
 /* Packs columns [src_col0, + ncols) of bank member src_member of src into
  * columns [dst_col0, + ncols) of member `member` of m (same k; the column

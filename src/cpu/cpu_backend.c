@@ -39,25 +39,25 @@ static void cpu_model_free(hd_model *model)
     model->backend_ctx = NULL;
 }
 
-static hd_status alloc_layer(cpu_layer *C, const hd_layer *L, int E)
+static hd_status alloc_layer(cpu_layer *C, const hd_layer *L, int E, cpu_layout layout)
 {
     hd_status st = HD_OK;
 #define TRY(x) do { if ((st = (x)) != HD_OK) return st; } while (0)
     if (L->kind == 'K') {
-        TRY(cpu_qmat_alloc(&C->in_proj, HD_HIDDEN, 4 * CPU_A, 1));
-        TRY(cpu_qmat_alloc(&C->o_proj, CPU_A, HD_HIDDEN, 1));
+        TRY(cpu_qmat_alloc(&C->in_proj, HD_HIDDEN, 4 * CPU_A, 1, layout));
+        TRY(cpu_qmat_alloc(&C->o_proj, CPU_A, HD_HIDDEN, 1, layout));
     } else {
-        TRY(cpu_qmat_alloc(&C->in_proj, HD_HIDDEN, CPU_MLA_QN + CPU_MLA_KV, 1));
-        TRY(cpu_qmat_alloc(&C->o_proj, CPU_A, HD_HIDDEN, 1));
-        TRY(cpu_qmat_alloc(&C->wv, HD_MLA_KV_LORA, HD_MLA_V_HEAD, HD_MLA_HEADS));
+        TRY(cpu_qmat_alloc(&C->in_proj, HD_HIDDEN, CPU_MLA_QN + CPU_MLA_KV, 1, layout));
+        TRY(cpu_qmat_alloc(&C->o_proj, CPU_A, HD_HIDDEN, 1, layout));
+        TRY(cpu_qmat_alloc(&C->wv, HD_MLA_KV_LORA, HD_MLA_V_HEAD, HD_MLA_HEADS, layout));
         C->wk = malloc((size_t)HD_MLA_HEADS * HD_MLA_QK_NOPE * HD_MLA_KV_LORA * 2);
         if (!C->wk)
             return HD_ERR_OUT_OF_MEMORY;
     }
-    TRY(cpu_qmat_alloc(&C->gate_up, HD_HIDDEN, 2 * HD_MOE_INTER, E));
-    TRY(cpu_qmat_alloc(&C->down, HD_MOE_INTER, HD_HIDDEN, E));
-    TRY(cpu_qmat_alloc(&C->s_gate_up, HD_HIDDEN, 2 * HD_MOE_INTER, 1));
-    TRY(cpu_qmat_alloc(&C->s_down, HD_MOE_INTER, HD_HIDDEN, 1));
+    TRY(cpu_qmat_alloc(&C->gate_up, HD_HIDDEN, 2 * HD_MOE_INTER, E, layout));
+    TRY(cpu_qmat_alloc(&C->down, HD_MOE_INTER, HD_HIDDEN, E, layout));
+    TRY(cpu_qmat_alloc(&C->s_gate_up, HD_HIDDEN, 2 * HD_MOE_INTER, 1, layout));
+    TRY(cpu_qmat_alloc(&C->s_down, HD_MOE_INTER, HD_HIDDEN, 1, layout));
 #undef TRY
     return st;
 }
@@ -130,7 +130,7 @@ static hd_status cpu_model_init(hd_model *model, char *err, size_t err_size)
     cm->kern = cpu_kernels_for(isa);
     cm->threads = cpu_resolve_threads(model->threads);
     for (int i = 0; i < model->n_layers; i++) {
-        st = alloc_layer(&cm->layers[i], &model->layers[i], E);
+        st = alloc_layer(&cm->layers[i], &model->layers[i], E, cm->kern->layout);
         if (st != HD_OK) {
             cpu_model_free(model);
             return hd_fail(err, err_size, st,

@@ -200,6 +200,7 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
 
 const cpu_kernels cpu_kernels_avx2 = {
     .name = "avx2",
+    .layout = CPU_LAYOUT_PAIRED,
     .gemv_pairs = avx2_gemv_pairs,
     .absorb = gen_absorb,
     .vexp = isa_vexp,

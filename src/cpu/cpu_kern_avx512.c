@@ -158,6 +158,7 @@ static void avx512_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
 
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
+    .layout = CPU_LAYOUT_PAIRED,
     .gemv_pairs = avx512_gemv_pairs,
     .absorb = gen_absorb,
     .vexp = isa_vexp,
@@ -174,7 +175,8 @@ const cpu_kernels cpu_kernels_avx512 = {
  * where a vector has no xe (cpu_gemv_pairs). */
 const cpu_kernels cpu_kernels_avx512bf16 = {
     .name = "avx512bf16",
-    .gemv_pairs = avx512_gemv_pairs,
+    .layout = CPU_LAYOUT_SLICED,
+    .gemv_pairs = cpu_avx512bf16_gemv_pairs_xd,
     .gemv_pairs_bf16 = cpu_avx512bf16_gemv_pairs,
     .gemv_pairs_f32 = cpu_avx512bf16_gemv_pairs_f32,
     .absorb = gen_absorb,

@@ -12,21 +12,20 @@
  * the fp32 FMA kernel.  vdpbf16ps treats subnormal inputs as zero and
  * flushes subnormal results: so an x with a subnormal stays on the fp32
  * kernel (cpu_prepare_x), a tile whose weights could be subnormal goes
- * through fp32 FMAs (cpu_table_normal, tile_ymm), and what is left is a
- * product or partial sum below 2^-126 in magnitude flushed to zero (an
+ * through fp32 FMAs (cpu_table_normal, sliced_tables), and what is left is
+ * a product or partial sum below 2^-126 in magnitude flushed to zero (an
  * absolute error below 1.2e-38 each: nothing a normed x and real scales
  * produce).
  *
  * Why it is faster.  Per 64 weights the fp32 kernel spends ~15 zmm
  * instructions, 6 of them widening bf16 to fp32 (shift, mask) and 4 FMAs;
- * here the looked-up words go straight into 2 vdpbf16ps (two products per
- * lane), and a column's 16 bytes of a chunk, widened, are the inputs in
- * order (low nibbles, then high), so x's bf16 words are read as they are
- * and the vpermw that put the nibbles in x's order goes too.  That made
- * the tile's table (once per 256 weights) half of the time, so the table
- * is built with vcvtne2ps2bf16 (tile_tables_bf16).  Zen 4 runs zmm
- * instructions as two 256-bit halves: the ymm form below (one column per
- * ymm) needs no column bit in the indices. */
+ * here the looked-up words go straight into vdpbf16ps (two products per
+ * lane), in the order of x's bf16 words.  The tables are built with
+ * vcvtne2ps2bf16 (tile_tables_bf16), one group ahead of the weights that
+ * use them, and the tiles are in the sliced layout (cpu.h), made for
+ * these kernels: see sliced_pass.  Zen 4 runs zmm instructions as two
+ * 256-bit halves: the ymm form (one column per ymm) needs no column bit
+ * in the indices. */
 #include "config.h"
 
 #include <immintrin.h>
@@ -103,135 +102,33 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* The four 32-byte chunks of a tile looked up in the columns' tables TA,
- * TB and multiplied with x: by vdpbf16ps on x's bf16 words (dot), or by
- * fp32 FMAs (fma8), which keep subnormal weights.  dot is a constant at
- * every call, so each caller gets one straight loop. */
-static inline __attribute__((always_inline)) void
-tile_chunks(const uint8_t *t, const uint16_t *xg, __m256i TA, __m256i TB, int dot,
-            __m256 *al, __m256 *ah, __m256 *bl, __m256 *bh)
-{
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *c = t + 32 * i;
-        const uint16_t *xc = xg + 32 * i;
-        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
-        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
-        __m256i wal = _mm256_permutexvar_epi16(pa, TA);
-        __m256i wah = _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA);
-        __m256i wbl = _mm256_permutexvar_epi16(pb, TB);
-        __m256i wbh = _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB);
-        if (dot) {
-            *al = dp8(*al, wal, xc);
-            *ah = dp8(*ah, wah, xc + 16);
-            *bl = dp8(*bl, wbl, xc);
-            *bh = dp8(*bh, wbh, xc + 16);
-        } else {
-            *al = fma8(*al, wal, xc);
-            *ah = fma8(*ah, wah, xc + 16);
-            *bl = fma8(*bl, wbl, xc);
-            *bh = fma8(*bh, wbh, xc + 16);
-        }
-    }
-}
-
-/* One tile (2 columns x 128 inputs) onto the accumulators of its columns:
- * per 32-byte chunk, each column's 16 bytes widened to words (byte b: the
- * inputs 32i + b, low nibble, and 32i + 16 + b, high nibble); vpermw on a
- * ymm reads only the low 4 bits of an index, so the widened bytes index
- * the column's 16-entry table as they are, and shifted right by 4 they
- * index the high nibbles: the inputs 32i .. 32i + 15 and the next 16,
- * x's words at 32i and 32i + 16.  The
- * ymm form: per 64 weights 12 ymm instructions (2 widenings, 2 shifts, 4
- * vpermw, 4 vdpbf16ps); the zmm form (both columns in one zmm, a column
- * bit merged into the indices: 8 zmm, i.e. 16 halves on Zen 4) measured
- * the same within the noise of this shared machine. */
-static inline __attribute__((always_inline)) void
-tile_ymm(const uint8_t *t, const uint16_t *xg, int checked, __m256 *al, __m256 *ah,
-         __m256 *bl, __m256 *bh)
-{
-    __m256i TA, TB;
-    /* a tile whose weights may be subnormal (cpu_table_normal): tile_table's
-     * exact rounding and fp32 FMAs */
-    if (checked && __builtin_expect(!tile_normal(t), 0)) {
-        const __m512i T = tile_table(t);
-        tile_chunks(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1), 0,
-                    al, ah, bl, bh);
-        return;
-    }
-    tile_tables_bf16(t, &TA, &TB);
-    tile_chunks(t, xg, TA, TB, 1, al, ah, bl, bh);
-}
-
-/* Columns of pairs [p0, p1) times x's bf16 words, two pairs per pass;
- * checked (a constant at each call): test every tile with tile_normal.
- * Not checking saves ~13 % of the kernel's time with the weights hot. */
-static inline __attribute__((always_inline)) void
-gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int checked,
-           const uint16_t *xb, float *y)
-{
-    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
-    int p = p0;
-    for (; p + 2 <= p1; p += 2) {
-        const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
-        const char *pf = (const char *)ta + PF_AHEAD;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-        __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-        for (int g = 0; g < groups; g++) {
-            const uint16_t *xg = xb + (size_t)g * CPU_GROUP;
-            pf = pf_pass_step(pf);
-            tile_ymm(ta + (size_t)g * CPU_TILE_BYTES, xg, checked, &a0, &a1, &a2, &a3);
-            tile_ymm(tb + (size_t)g * CPU_TILE_BYTES, xg, checked, &b0, &b1, &b2, &b3);
-        }
-        y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
-        y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
-        y[2 * p + 2] = hsum8(_mm256_add_ps(b0, b1));
-        y[2 * p + 3] = hsum8(_mm256_add_ps(b2, b3));
-    }
-    if (p < p1) {
-        const uint8_t *ta = tiles + (size_t)p * ps;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        for (int g = 0; g < groups; g++) {
-            const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
-            pf_tail_step(t);
-            tile_ymm(t, xb + (size_t)g * CPU_GROUP, checked, &a0, &a1, &a2, &a3);
-        }
-        y[2 * p] = hsum8(_mm256_add_ps(a0, a1));
-        y[2 * p + 1] = hsum8(_mm256_add_ps(a2, a3));
-    }
-}
-
-void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
-                               int groups, int normal, const uint16_t *xb, float *y)
-{
-    if (normal)
-        gemv_pairs(tiles, p0, p1, groups, 0, xb, y);
-    else
-        gemv_pairs(tiles, p0, p1, groups, 1, xb, y);
-}
-
-/* ---- fp32 x (cpu_xq.xe) ----
+/* ---- the sliced layout (cpu.h) ----
  *
- * The expert down inputs and W_v's are fp32 with 24 significant bits.
- * The weights are looked up as above; each ymm of 16 weight words (16
- * consecutive inputs) is widened to fp32, the even words shifted up and
- * the odd ones masked (exact), and multiplied with x by fp32 FMAs, 8 per
- * 32 bytes of tiles; xe holds x per 16 inputs, the 8 even ones then the 8
- * odd ones, so that both halves meet x as they are.  Nothing is rounded
- * but the sums, as in the avx512 fp32 kernel, and any fp32 x is taken as
- * it is (subnormals, infinities, NaN).  A tile whose weights may be
- * subnormal gets tile_table's exact rounding instead of vcvtne2ps2bf16;
- * the FMAs keep subnormal weights.
+ * A pass takes one or two tiles of the same group (two or four columns)
+ * at a time and builds the tables of the next group while it streams the
+ * current group's weight bytes: built in front of their use, each table's
+ * chain (broadcast, shift, sub, mul, convert: ~15 cycles) held up the
+ * vpermw that needed it.  A column's 32-byte chunk is one load; the load
+ * and its shifts by 4, 8 and 12 index the table (a ymm vpermw reads the
+ * low 4 bits of each word) and give the weights of 16 consecutive inputs
+ * each.  Per 64 weights: 1 load, 3 shifts, 4 vpermw, 4 vdpbf16ps, against
+ * 2 widenings, 2 shifts, 4 vpermw, 4 vdpbf16ps in the paired layout, whose
+ * widenings took the two ports that vpermw runs on.  Measured with the
+ * weights hot (one thread, K 1024 x N 256, Zen 4): 5.6 core cycles per
+ * 32 bytes against 6.4 for the paired kernel, and 8.3 against 9.6 with
+ * fp32 x (docs/PERFORMANCE.md).
  *
- * Measured against the three-part kernel it replaces (x = hi + mid + lo,
- * three vdpbf16ps per weight vector, 12 per 32 bytes, bound by Zen 4's two
- * FMA pipes): 6.40 against 7.12 TSC ticks per 32 bytes hot, 12.5 against
- * 11.1 GB/s cold with one thread, and no split of x (docs/PERFORMANCE.md). */
+ * Three ways to multiply (xm, a constant at every call): X_DOT, x's bf16
+ * words by vdpbf16ps (fma8 instead for a tile whose weights may be
+ * subnormal); X_XE, fp32 x in the xe layout by FMAs (fma16); X_XD, fp32
+ * x in the xd layout (cpu_kernels.gemv_pairs; the step never takes it on
+ * this instruction set, since its activations always have xb or xe). */
+enum { X_DOT, X_XE, X_XD };
+
 
 /* acc_e += the even weights of w times x[0..7], acc_o += the odd ones
- * times x[8..15]. */
+ * times x[8..15] (x in the xe layout: 16 inputs' even floats, then their
+ * odd ones). */
 static inline __attribute__((always_inline)) void
 fma16(__m256 *acc_e, __m256 *acc_o, __m256i w, const float *x)
 {
@@ -242,106 +139,171 @@ fma16(__m256 *acc_e, __m256 *acc_o, __m256i w, const float *x)
                              _mm256_loadu_ps(x + 8), *acc_o);
 }
 
-/* The accumulators of one tile column pair: a[0..3] column A (even and
- * odd words of the low nibbles, then of the high ones), a[4..7] column B.
- * Passed and returned by value, so that they stay in registers. */
-typedef struct accf {
-    __m256 a[8];
-} accf;
-
-/* The four chunks of a tile, tables TA and TB, x at xg (xe layout). */
-static inline __attribute__((always_inline)) accf
-tile_chunks_f32(const uint8_t *t, const float *xg, __m256i TA, __m256i TB, accf a)
-{
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *c = t + 32 * i;
-        const float *xc = xg + 32 * i;
-        __m256i pa = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
-        __m256i pb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
-        fma16(&a.a[0], &a.a[1], _mm256_permutexvar_epi16(pa, TA), xc);
-        fma16(&a.a[2], &a.a[3], _mm256_permutexvar_epi16(_mm256_srli_epi16(pa, 4), TA),
-              xc + 16);
-        fma16(&a.a[4], &a.a[5], _mm256_permutexvar_epi16(pb, TB), xc);
-        fma16(&a.a[6], &a.a[7], _mm256_permutexvar_epi16(_mm256_srli_epi16(pb, 4), TB),
-              xc + 16);
-    }
-    return a;
-}
-
-/* A tile whose weights may be subnormal: tile_table's exact words.  Out of
- * line, so that the hot loop's registers do not serve it. */
-static __attribute__((noinline, cold)) accf
-tile_f32_exact(const uint8_t *t, const float *xg, accf a)
-{
-    const __m512i T = tile_table(t);
-    return tile_chunks_f32(t, xg, _mm512_castsi512_si256(T), _mm512_extracti64x4_epi64(T, 1),
-                           a);
-}
-
-static inline __attribute__((always_inline)) accf
-tile_f32(const uint8_t *t, const float *xg, int checked, accf a)
-{
-    __m256i TA, TB;
-    if (checked && __builtin_expect(!tile_normal(t), 0))
-        return tile_f32_exact(t, xg, a);
-    tile_tables_bf16(t, &TA, &TB);
-    return tile_chunks_f32(t, xg, TA, TB, a);
-}
-
-static inline accf accf_zero(void)
-{
-    accf a;
-    for (int i = 0; i < 8; i++)
-        a.a[i] = _mm256_setzero_ps();
-    return a;
-}
-
-/* Column A's sum and column B's. */
-static inline void store_pair_f32(float *y, accf a)
-{
-    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a.a[0], a.a[1]), _mm256_add_ps(a.a[2], a.a[3])));
-    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a.a[4], a.a[5]), _mm256_add_ps(a.a[6], a.a[7])));
-}
-
-/* Columns of pairs [p0, p1) times x (xe layout), two pairs per pass;
- * checked as in gemv_pairs. */
+/* acc_e, acc_o += the even and the odd weights of w times the 16 inputs
+ * whose floats are in the xd layout at xd (16 floats per 8 inputs: the
+ * four even ones twice, then the four odd ones twice). */
 static inline __attribute__((always_inline)) void
-gemv_pairs_f32(const uint8_t *tiles, int p0, int p1, int groups, int checked,
-               const float *xe, float *y)
+fma16_xd(__m256 *acc_e, __m256 *acc_o, __m256i w, const float *xd)
+{
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256 xe = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(xd)),
+                                           _mm_loadu_ps(xd + 16), 1);
+    const __m256 xo = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(xd + 8)),
+                                           _mm_loadu_ps(xd + 24), 1);
+    *acc_e = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), xe, *acc_e);
+    *acc_o = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w, hm)), xo, *acc_o);
+}
+
+/* One column's 128 inputs of a group (its 64 bytes at cb, table T) onto
+ * its four accumulators a; xg: the group's x (words for X_DOT, floats
+ * otherwise); dot: vdpbf16ps (else fma8) for X_DOT. */
+static inline __attribute__((always_inline)) void
+col_group(const uint8_t *cb, const void *xg, __m256i T, __m256 *a, const int xm, int dot)
+{
+#pragma GCC unroll 2
+    for (int ch = 0; ch < 2; ch++) {
+        const __m256i r = _mm256_loadu_si256((const void *)(cb + 32 * ch));
+        const __m256i idx[4] = { r, _mm256_srli_epi16(r, 4), _mm256_srli_epi16(r, 8),
+                                 _mm256_srli_epi16(r, 12) };
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m256i w = _mm256_permutexvar_epi16(idx[i], T);
+            const int k = 64 * ch + 16 * i;         /* the slice's first input */
+            if (xm == X_DOT) {
+                const uint16_t *xb = (const uint16_t *)xg + k;
+                a[i] = dot ? dp8(a[i], w, xb) : fma8(a[i], w, xb);
+            } else if (xm == X_XE) {
+                fma16(&a[2 * (i & 1)], &a[2 * (i & 1) + 1], w, (const float *)xg + k);
+            } else {
+                fma16_xd(&a[2 * (i & 1)], &a[2 * (i & 1) + 1], w, (const float *)xg + 2 * k);
+            }
+        }
+    }
+}
+
+/* The tables of tile t into T[0] (column A) and T[1]; 0 where checked and
+ * the tile's weights may be subnormal (then tile_table's exact words). */
+static inline __attribute__((always_inline)) int
+sliced_tables(const uint8_t *t, const int checked, __m256i *T)
+{
+    if (!checked || __builtin_expect(tile_normal(t), 1)) {
+        tile_tables_bf16(t, &T[0], &T[1]);
+        return 1;
+    }
+    const __m512i E = tile_table(t);
+    T[0] = _mm512_castsi512_si256(E);
+    T[1] = _mm512_extracti64x4_epi64(E, 1);
+    return 0;
+}
+
+/* The columns of nt tiles (1 or 2; tile j's group g at ta + j ps + g
+ * CPU_TILE_BYTES) times x into y[0 .. 2 nt); checked: test every tile
+ * (tile_normal) and give one whose weights may be subnormal tile_table's
+ * exact words and FMAs.  The tables of group g + 1 are built while group
+ * g streams (the last group's twice: no branch). */
+static inline __attribute__((always_inline)) void
+sliced_pass(const uint8_t *ta, size_t ps, const int nt, int groups, const int checked,
+            const int xm, const void *x, float *y)
+{
+    const size_t xstride = xm == X_DOT ? CPU_GROUP * sizeof(uint16_t)
+                         : xm == X_XE  ? CPU_GROUP * sizeof(float)
+                                       : 2 * CPU_GROUP * sizeof(float);
+    const uint8_t *tb = ta + ps;
+    const char *pf = (const char *)ta + PF_AHEAD;
+    __m256 a0[4], a1[4], b0[4], b1[4];
+    __m256i TA[2], TB[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+    int oka, okb = 1;
+    for (int i = 0; i < 4; i++)
+        a0[i] = a1[i] = b0[i] = b1[i] = _mm256_setzero_ps();
+    oka = sliced_tables(ta, checked, TA);
+    if (nt == 2)
+        okb = sliced_tables(tb, checked, TB);
+    for (int g = 0; g < groups; g++) {
+        const size_t off = (size_t)g * CPU_TILE_BYTES;
+        const size_t nx = (size_t)(g + 1 < groups ? g + 1 : g) * CPU_TILE_BYTES;
+        const void *xg = (const char *)x + (size_t)g * xstride;
+        __m256i NA[2], NB[2];
+        int nka, nkb = 1;
+        if (nt == 2)
+            pf = pf_pass_step(pf);
+        else
+            pf_tail_step(ta + off);
+        nka = sliced_tables(ta + nx, checked, NA);
+        if (nt == 2)
+            nkb = sliced_tables(tb + nx, checked, NB);
+        col_group(ta + off, xg, TA[0], a0, xm, checked ? oka : 1);
+        col_group(ta + off + CPU_TILE_W / 2, xg, TA[1], a1, xm, checked ? oka : 1);
+        if (nt == 2) {
+            col_group(tb + off, xg, TB[0], b0, xm, checked ? okb : 1);
+            col_group(tb + off + CPU_TILE_W / 2, xg, TB[1], b1, xm, checked ? okb : 1);
+            TB[0] = NB[0];
+            TB[1] = NB[1];
+            okb = nkb;
+        }
+        TA[0] = NA[0];
+        TA[1] = NA[1];
+        oka = nka;
+    }
+    y[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), _mm256_add_ps(a0[2], a0[3])));
+    y[1] = hsum8(_mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), _mm256_add_ps(a1[2], a1[3])));
+    if (nt == 2) {
+        y[2] = hsum8(_mm256_add_ps(_mm256_add_ps(b0[0], b0[1]), _mm256_add_ps(b0[2], b0[3])));
+        y[3] = hsum8(_mm256_add_ps(_mm256_add_ps(b1[0], b1[1]), _mm256_add_ps(b1[2], b1[3])));
+    }
+}
+
+/* Columns of pairs [p0, p1) times x, two pairs per pass. */
+static inline __attribute__((always_inline)) void
+sliced_pairs(const uint8_t *tiles, int p0, int p1, int groups, const int checked,
+             const int xm, const void *x, float *y)
 {
     const size_t ps = (size_t)groups * CPU_TILE_BYTES;
     int p = p0;
-    for (; p + 2 <= p1; p += 2) {
-        const uint8_t *ta = tiles + (size_t)p * ps, *tb = ta + ps;
-        const char *pf = (const char *)ta + PF_AHEAD;
-        accf a = accf_zero(), b = accf_zero();
-        for (int g = 0; g < groups; g++) {
-            const float *xg = xe + (size_t)g * CPU_GROUP;
-            pf = pf_pass_step(pf);
-            a = tile_f32(ta + (size_t)g * CPU_TILE_BYTES, xg, checked, a);
-            b = tile_f32(tb + (size_t)g * CPU_TILE_BYTES, xg, checked, b);
-        }
-        store_pair_f32(y + 2 * p, a);
-        store_pair_f32(y + 2 * p + 2, b);
-    }
-    if (p < p1) {
-        const uint8_t *ta = tiles + (size_t)p * ps;
-        accf a = accf_zero();
-        for (int g = 0; g < groups; g++) {
-            const uint8_t *t = ta + (size_t)g * CPU_TILE_BYTES;
-            pf_tail_step(t);
-            a = tile_f32(t, xe + (size_t)g * CPU_GROUP, checked, a);
-        }
-        store_pair_f32(y + 2 * p, a);
-    }
+    for (; p + 2 <= p1; p += 2)
+        sliced_pass(tiles + (size_t)p * ps, ps, 2, groups, checked, xm, x, y + 2 * p);
+    if (p < p1)
+        sliced_pass(tiles + (size_t)p * ps, ps, 1, groups, checked, xm, x, y + 2 * p);
 }
 
+/* x's bf16 words (cpu_xq.xb).  Not testing the tiles (normal: every tile
+ * passed at the repacking) saves the test and keeps the loop branch-free. */
+void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
+                               int groups, int normal, const uint16_t *xb, float *y)
+{
+    if (normal)
+        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y);
+    else
+        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y);
+}
+
+/* ---- fp32 x ----
+ *
+ * The expert down inputs and W_v's are fp32 with 24 significant bits.
+ * The weights are looked up as above; each ymm of 16 weight words (16
+ * consecutive inputs) is widened to fp32, the even words shifted up and
+ * the odd ones masked (exact), and multiplied with x by fp32 FMAs, 8 per
+ * 32 bytes of tiles; xe holds x per 16 inputs, the 8 even ones then the 8
+ * odd ones, so that both halves meet x as they are.  Nothing is rounded
+ * but the sums, and any fp32 x is taken as it is (subnormals, infinities,
+ * NaN).  A tile whose weights may be subnormal gets tile_table's exact
+ * rounding instead of vcvtne2ps2bf16; the FMAs keep subnormal weights.
+ *
+ * Measured against the three-part kernel it replaced (x = hi + mid + lo,
+ * three vdpbf16ps per weight vector, 12 per 32 bytes, bound by Zen 4's two
+ * FMA pipes): 6.40 against 7.12 TSC ticks per 32 bytes hot, in the paired
+ * layout (docs/PERFORMANCE.md). */
 void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const float *xe, float *y)
 {
     if (normal)
-        gemv_pairs_f32(tiles, p0, p1, groups, 0, xe, y);
+        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y);
     else
-        gemv_pairs_f32(tiles, p0, p1, groups, 1, xe, y);
+        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y);
+}
+
+/* x's floats in the xd layout: every tile tested (no normal flag here). */
+void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int groups,
+                                  const float *xd, float *y)
+{
+    sliced_pairs(tiles, p0, p1, groups, 1, X_XD, xd, y);
 }

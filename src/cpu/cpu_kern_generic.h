@@ -213,6 +213,7 @@ static inline float gen_mla_score1(const float *cf, const float *kf, const float
 }
 
 #if HB == 4
+_Static_assert(GVW == 16, "gen_hsum16x16 takes vectors of 16 floats");
 /* a[k][j] += the products of len values of rows j of c (stride cs) and
  * rows k of q (stride qs), one vector of each at a time. */
 static inline __attribute__((always_inline)) void
@@ -233,12 +234,48 @@ gen_scores4_part(gvf (*a)[4], const float *c, int cs, const float *q, int qs, in
     }
 }
 
+/* The lane sums of 16 vectors of 16 floats: lane 4k + j of the result is
+ * the sum of a[k][j]'s lanes.  Four levels of pairwise adds, each pairing
+ * the halves of two vectors' partial sums (two shuffles and one add per
+ * pair of vectors): 30 shuffles and 15 adds where 16 lane-by-lane sums
+ * took 240 dependent adds and as many lane extractions, which competed
+ * with the FMAs for the vector ports.  The order is fixed (a tree). */
+static inline __attribute__((always_inline)) gvf gen_hsum16x16(gvf (*a)[4])
+{
+    gvf w[8], x[4], y[2];
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; m++) {   /* lanes 0-7: source 2m, 8-15: 2m + 1 */
+        const gvf v0 = a[(2 * m) >> 2][(2 * m) & 3], v1 = a[(2 * m + 1) >> 2][(2 * m + 1) & 3];
+        w[m] = __builtin_shufflevector(v0, v1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
+                                       21, 22, 23) +
+               __builtin_shufflevector(v0, v1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                       27, 28, 29, 30, 31);
+    }
+#pragma GCC unroll 4
+    for (int n = 0; n < 4; n++)     /* four lanes a source */
+        x[n] = __builtin_shufflevector(w[2 * n], w[2 * n + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16,
+                                       17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(w[2 * n], w[2 * n + 1], 4, 5, 6, 7, 12, 13, 14, 15,
+                                       20, 21, 22, 23, 28, 29, 30, 31);
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; q++)     /* two lanes a source */
+        y[q] = __builtin_shufflevector(x[2 * q], x[2 * q + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16,
+                                       17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(x[2 * q], x[2 * q + 1], 2, 3, 6, 7, 10, 11, 14, 15,
+                                       18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
+                                   24, 26, 28, 30) +
+           __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23,
+                                   25, 27, 29, 31);
+}
+
 /* The scores of tokens r .. r + 3 of the chunk for heads h .. h + 3, one
  * accumulator a score (16 of the 32 registers): every query vector loaded
  * feeds four tokens and every cache vector four heads, 8 loads per 16
  * multiply-adds instead of gen_mla_scores' 12.  A score's sum runs over d
- * in one chain (then the rope part), not in two: another order than the
- * two-token form, within the tolerances as every order is. */
+ * in one chain (then the rope part), not in two, and its 16 lanes are
+ * added by gen_hsum16x16's tree: other orders than the two-token form's,
+ * within the tolerances as every order is. */
 static inline void gen_mla_scores4(const float *cf, const float *kf, const float *qlat,
                                    const float *qrope, int h, int r, float *sc, float scale)
 {
@@ -250,11 +287,12 @@ static inline void gen_mla_scores4(const float *cf, const float *kf, const float
             a[k][j] = (gvf){ 0 };
     gen_scores4_part(a, cf + r * GL, GL, qlat + h * GL, GL, GL);
     gen_scores4_part(a, kf + r * GR, GR, qrope + h * GR, GR, GR);
+    {
+        const gvf t = gen_hsum16x16(a) * scale;
 #pragma GCC unroll 4
-    for (int k = 0; k < HB; k++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            sc[(h + k) * GC + r + j] = ghsum(a[k][j]) * scale;
+        for (int k = 0; k < HB; k++)
+            memcpy(sc + (h + k) * GC + r, (const float *)&t + 4 * k, 4 * sizeof(float));
+    }
 }
 #endif
 
@@ -304,6 +342,7 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
 {
     const float score_scale = 0.07216878364870322f; /* 192^-0.5 */
     float *cf = work, *kf = work + GC * GL, *sc = kf + GC * GR;
+    const char *pfc, *pfc_end, *pfk, *pfk_end;
 
     for (int h = 0; h < GH; h++) {
         m[h] = -INFINITY;
@@ -320,14 +359,41 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             for (int d = 0; d < GR; d += GVW)
                 gstore(kf + r * GR + d, gload_bf16(kr + d));
         }
+        /* the next chunk's cache rows (contiguous), a few lines per block
+         * of scores: spread over the chunk's arithmetic, they arrive by the
+         * time the next widening reads them.  Issued all at once (or left
+         * to the hardware prefetcher), the widening waited for them. */
+        if (t + GC < t1) {
+            const size_t nn = t1 - (t + GC) < GC ? t1 - (t + GC) : GC;
+            pfc = (const char *)(c_kv + (t + GC) * GL);
+            pfc_end = pfc + nn * GL * sizeof(uint16_t);
+            pfk = (const char *)(k_rope + (t + GC) * GR);
+            pfk_end = pfk + nn * GR * sizeof(uint16_t);
+        } else {
+            pfc = pfc_end = pfk = pfk_end = NULL;
+        }
         for (int h = 0; h < GH; h += HB) {
             int r = 0;
 #if HB == 4
-            for (; r + 4 <= n; r += 4)
+            for (; r + 4 <= n; r += 4) {
+                for (int i = 0; i < 8 && pfc < pfc_end; i++, pfc += 64)
+                    __builtin_prefetch(pfc);
+                if (pfk < pfk_end) {
+                    __builtin_prefetch(pfk);
+                    pfk += 64;
+                }
                 gen_mla_scores4(cf, kf, qlat, qrope, h, r, sc, score_scale);
+            }
 #endif
-            for (; r + 2 <= n; r += 2)
+            for (; r + 2 <= n; r += 2) {
+                for (int i = 0; i < 2 && pfc < pfc_end; i++, pfc += 64)
+                    __builtin_prefetch(pfc);
+                if (pfk < pfk_end && (r & 7) == 0) {
+                    __builtin_prefetch(pfk);
+                    pfk += 64;
+                }
                 gen_mla_scores(cf, kf, qlat, qrope, h, r, sc, score_scale);
+            }
             for (; r < n; r++)
                 for (int k = h; k < h + HB; k++)
                     sc[k * GC + r] =

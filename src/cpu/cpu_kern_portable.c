@@ -82,6 +82,7 @@ static void portable_gemv_pairs(const uint8_t *tiles, int p0, int p1,
 
 const cpu_kernels cpu_kernels_portable = {
     .name = "portable",
+    .layout = CPU_LAYOUT_PAIRED,
     .gemv_pairs = portable_gemv_pairs,
     .absorb = gen_absorb,
     .vexp = isa_vexp,

@@ -6,7 +6,7 @@
 #include "cpu.h"
 #include "util.h"
 
-hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count)
+hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count, cpu_layout layout)
 {
     size_t tiles, bytes;
     memset(m, 0, sizeof *m);
@@ -17,6 +17,7 @@ hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count)
     m->pairs = n / 2;
     m->member_tiles = (size_t)m->groups * (size_t)m->pairs;
     m->normal = 1;
+    m->layout = layout;
     if (!hd_mul_size(m->member_tiles, (size_t)count, &tiles) ||
         !hd_mul_size(tiles, CPU_TILE_BYTES, &bytes))
         return HD_ERR_OUT_OF_MEMORY;
@@ -30,23 +31,40 @@ void cpu_qmat_free(cpu_qmat *m)
     m->tiles = NULL;
 }
 
-/* One tile: columns n, n + 1 of q (row stride N bytes), group g; 1 when
+/* Nibble q of input k (0..127) of column n of q, group g. */
+static int nibble(const hd_qlinear *q, int n, int g, int k)
+{
+    const int kk = g * CPU_GROUP + k;
+    const uint8_t byte = q->w_q[(size_t)(kk / 2) * (size_t)q->n + (size_t)n];
+    return (kk & 1) ? byte >> 4 : byte & 15;
+}
+
+/* One tile: columns n, n + 1 of q, group g, in `layout` (cpu.h); 1 when
  * both columns' tables are normal (cpu_table_normal). */
-static int pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g)
+static int pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g, cpu_layout layout)
 {
     int normal = 1;
     const size_t N = (size_t)q->n;
     for (int half = 0; half < 2; half++) {
-        const uint8_t *col = q->w_q + (size_t)(n + half);
+        if (layout == CPU_LAYOUT_SLICED) {
+            /* column half's chunk c, word j: inputs 64c + j + 16i, nibble i */
+            for (int c = 0; c < 2; c++)
+                for (int j = 0; j < 16; j++) {
+                    unsigned w = 0;
+                    for (int i = 0; i < 4; i++)
+                        w |= (unsigned)nibble(q, n + half, g, 64 * c + 16 * i + j) << (4 * i);
+                    dst[64 * half + 32 * c + 2 * j] = (uint8_t)(w & 0xff);
+                    dst[64 * half + 32 * c + 2 * j + 1] = (uint8_t)(w >> 8);
+                }
+            continue;
+        }
+        /* paired: chunk i, byte b of the column's half: inputs 32i + b (low
+         * nibble) and 32i + 16 + b (high) */
         for (int i = 0; i < 4; i++)
-            for (int b = 0; b < 16; b++) {
-                int klo = g * CPU_GROUP + 32 * i + b, khi = klo + 16;
-                uint8_t blo = col[(size_t)(klo / 2) * N];
-                uint8_t bhi = col[(size_t)(khi / 2) * N];
-                int qlo = (klo & 1) ? blo >> 4 : blo & 15;
-                int qhi = (khi & 1) ? bhi >> 4 : bhi & 15;
-                dst[32 * i + 16 * half + b] = (uint8_t)(qlo | qhi << 4);
-            }
+            for (int b = 0; b < 16; b++)
+                dst[32 * i + 16 * half + b] =
+                    (uint8_t)(nibble(q, n + half, g, 32 * i + b) |
+                              nibble(q, n + half, g, 32 * i + 16 + b) << 4);
     }
     for (int half = 0; half < 2; half++) {
         memcpy(dst + CPU_TILE_W + 2 * half,
@@ -70,7 +88,7 @@ void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
         for (int g = 0; g < m->groups; g++)
             normal &= pack_tile(base + ((size_t)(dst_col0 / 2 + p) * (size_t)m->groups +
                                         (size_t)g) * CPU_TILE_BYTES,
-                                &q, src_col0 + 2 * p, g);
+                                &q, src_col0 + 2 * p, g, m->layout);
     /* parts of one matrix may be packed by several threads at once (only
      * ever clearing the flag) */
     if (!normal)
