@@ -329,6 +329,16 @@ static inline void gen_mla_values(const float *cf, const float *sc, int h, int n
     }
 }
 
+/* Prefetches up to `lines` cache lines from *p on, stopping at end, and
+ * advances *p past them.  Always inlined: the prefetches must stay
+ * statements of the caller (cpu_kern_avx512.h, pf_pass_step). */
+static inline __attribute__((always_inline)) void
+gen_pf_lines(const char **p, const char *end, int lines)
+{
+    for (int i = 0; i < lines && *p < end; i++, *p += 64)
+        __builtin_prefetch(*p);
+}
+
 /* Tokens [t0, t1) of the MLA attention for all heads: per head the
  * running maximum m, the sum l of exp(score - m) and acc = sum of
  * exp(score - m) c_kv, chunk by chunk of GC tokens (widened to fp32 once
@@ -376,22 +386,15 @@ static void gen_mla_range(const uint16_t *c_kv, const uint16_t *k_rope,
             int r = 0;
 #if HB == 4
             for (; r + 4 <= n; r += 4) {
-                for (int i = 0; i < 8 && pfc < pfc_end; i++, pfc += 64)
-                    __builtin_prefetch(pfc);
-                if (pfk < pfk_end) {
-                    __builtin_prefetch(pfk);
-                    pfk += 64;
-                }
+                gen_pf_lines(&pfc, pfc_end, 8);
+                gen_pf_lines(&pfk, pfk_end, 1);
                 gen_mla_scores4(cf, kf, qlat, qrope, h, r, sc, score_scale);
             }
 #endif
             for (; r + 2 <= n; r += 2) {
-                for (int i = 0; i < 2 && pfc < pfc_end; i++, pfc += 64)
-                    __builtin_prefetch(pfc);
-                if (pfk < pfk_end && (r & 7) == 0) {
-                    __builtin_prefetch(pfk);
-                    pfk += 64;
-                }
+                gen_pf_lines(&pfc, pfc_end, 2);
+                if ((r & 7) == 0)
+                    gen_pf_lines(&pfk, pfk_end, 1);
                 gen_mla_scores(cf, kf, qlat, qrope, h, r, sc, score_scale);
             }
             for (; r < n; r++)
