@@ -55,6 +55,11 @@ typedef struct hd_backend_ops {
     hd_status (*measure_bandwidth)(const hd_model *model, double *bytes_per_s);
 } hd_backend_ops;
 
+/* The sum of the n words at p (any 8-byte alignment), read with the
+ * widest loads this CPU runs: a plain read that the memory, not the loop,
+ * limits (hd-bench compares kernels with it). */
+uint64_t hd_host_read_sum(const uint64_t *p, size_t n);
+
 /* A timed read of `bytes` of host memory with `threads` threads (1 without
  * OpenMP), best of `repeats`; bytes per second. */
 hd_status hd_host_read_bandwidth(size_t bytes, int threads, int repeats,

@@ -30,14 +30,14 @@
 #define TOL_S 1e-2
 #define TOL_CACHE 5e-3
 
-#define N_ISA 4
-static const char *const ISA[N_ISA] = { "portable", "avx2", "avx512", "avx512bf16" };
+#define N_ISA 5
+static const char *const ISA[N_ISA] = { "portable", "avx2", "avx512", "avx512bf16", "amx" };
 static int isa_ok[N_ISA];
 
 /* Sets of (path, threads) pairs, threads 1 or 2. */
 #define PAIR(isa, threads) (1u << ((isa) * 2 + (threads) - 1))
-#define ALL_PAIRS 0xffu
-#define TWO_THREADS (PAIR(0, 2) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 2))
+#define ALL_PAIRS 0x3ffu
+#define TWO_THREADS (PAIR(0, 2) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 2) | PAIR(4, 2))
 
 /* The size of one configuration: steps and pairs, full and small (no pair
  * at the small size: not run). */
@@ -224,14 +224,14 @@ END_TEST
 
 START_TEST(test_kkkm_e8_long)
 {
-    const cfg_size z = { 16, 1, PAIR(0, 2) | PAIR(1, 1) | PAIR(2, 1) | PAIR(3, 2) };
+    const cfg_size z = { 16, 1, PAIR(0, 2) | PAIR(1, 1) | PAIR(2, 1) | PAIR(3, 2) | PAIR(4, 1) };
     check_config(13, 8, "KKKM", 1000, z);
 }
 END_TEST
 
 START_TEST(test_mk_e16_short)
 {
-    const cfg_size z = { 4, 1, PAIR(0, 1) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 1) };
+    const cfg_size z = { 4, 1, PAIR(0, 1) | PAIR(1, 2) | PAIR(2, 2) | PAIR(3, 1) | PAIR(4, 2) };
     check_config(14, 16, "MKK", 5, z);
 }
 END_TEST
@@ -498,7 +498,9 @@ END_TEST
 /* The P pairs of m times x through kern against ref; then the pairs
  * [1, P - 1) alone, which must leave the outer columns untouched.  Where
  * m is normal (cpu_qmat.normal: the kernels skip their per-tile test),
- * the kernel told to test every tile must give the same bits. */
+ * the kernel told to test every tile must give the same bits (not the AMX
+ * kernels, which leave a matrix that is not normal to the avx512bf16
+ * ones). */
 static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P,
                                const cpu_xq *xq, float *y, const double *ref,
                                const double *mag, int N, const char *what)
@@ -506,7 +508,7 @@ static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P
     memset(y, 0, (size_t)N * 4);
     cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, m->normal, xq, y);
     check_close(y, ref, mag, N, what);
-    if (m->normal) {
+    if (m->normal && !kern->gemv_pairs_x3) {
         float *yc = tu_xmalloc((size_t)N * 4);
         cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, 0, xq, yc);
         ck_assert_msg(memcmp(y, yc, (size_t)N * 4) == 0, "%s: checked tiles differ", what);
@@ -559,7 +561,7 @@ START_TEST(test_bf16_gemv)
         float *x = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
-        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, K, 0, 0 };
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, NULL, K, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -588,7 +590,7 @@ START_TEST(test_bf16_gemv)
          * xe floats */
         for (int v = 0; v < 2; v++) {
             float *xv = tu_xmalloc((size_t)K * 4);
-            cpu_xq xe = { tu_xmalloc((size_t)K * 8), NULL, tu_xmalloc((size_t)K * 4), K, 0, 0 };
+            cpu_xq xe = { tu_xmalloc((size_t)K * 8), NULL, tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0 };
             memcpy(xv, x, (size_t)K * 4);
             if (v == 0)
                 xv[K / 3] = nextafterf(xv[K / 3] == 0.0f ? 1.0f : xv[K / 3], INFINITY);
@@ -679,7 +681,7 @@ START_TEST(test_f32_gemv)
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
-                      tu_xmalloc((size_t)K * 4), K, 0, 0 };
+                      tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -775,6 +777,150 @@ START_TEST(test_f32_gemv)
     }
 }
 END_TEST
+#ifdef HD_CPU_HAVE_AMX
+/* The AMX kernels (cpu_kern_amx.c) through cpu_gemv_pairs: a bf16 x and
+ * an fp32 x (its three bf16 parts, cpu_xq.xt, checked to sum to x) within
+ * 1e-5 of sum |w x| of the exact sum, all pairs and the pairs [1, P - 1)
+ * (8-pair blocks, the pairs around them on the avx512bf16 kernels); one
+ * nonzero x at input k gives w[k][n] x, exactly for a bf16 x and within
+ * an ulp for a three-part one (two sums), for k at the edges of the
+ * tile's 32 inputs, the layout's slices and chunks and the group (a
+ * misplaced input picks another weight); an x with an infinity, one with
+ * a subnormal part, and one whose parts underflow stay on the fp32 FMAs
+ * (x3 0); a matrix with subnormal weights (normal 0) on the avx512bf16
+ * kernels.  Pair counts not multiples of 8 cover the tails. */
+START_TEST(test_amx_gemv)
+{
+    static const int shapes[][2] = { { 128, 16 }, { 512, 34 }, { 1024, 256 },
+                                     { 4096, 98 }, { 2304, 64 }, { 1024, 66 } };
+    static const int one_at[] = { 0, 1, 15, 16, 31, 32, 33, 47, 48, 63, 64, 65, 95, 96,
+                                  127, 128, 129, 160, 191, 192, 255, 256 };
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    if (!isa_ok[4]) {
+        printf("amx gemv: SKIP (no %s path)\n", ISA[4]);
+        return;
+    }
+    const cpu_kernels *ka = cpu_kernels_for(CPU_ISA_AMX);
+    ck_assert_str_eq(ka->name, "amx");
+    ck_assert_ptr_eq(ka->gemv_pairs_x3, cpu_amx_gemv_pairs_x3);
+    ck_assert_ptr_null(cpu_kernels_for(CPU_ISA_AVX512BF16)->gemv_pairs_x3);
+
+    for (size_t sh = 0; sh < n_shapes; sh++) {
+        const int K = shapes[sh][0], N = shapes[sh][1], P = N / 2;
+        const int sub = sh == n_shapes - 1;
+        uint32_t r = 31u + (uint32_t)sh;
+        uint8_t *w_q = tu_xmalloc((size_t)K / 2 * N);
+        uint16_t *sc = tu_xmalloc((size_t)K / 128 * N * 2);
+        uint16_t *ze = tu_xmalloc((size_t)K / 128 * N * 2);
+        float *x = tu_xmalloc((size_t)K * 4), *xv = tu_xmalloc((size_t)K * 4);
+        float *y = tu_xmalloc((size_t)N * 4);
+        double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
+                      tu_xmalloc((size_t)K * 4), tu_xmalloc((size_t)K * 6), K, 0, 0, 0 };
+        cpu_qmat m;
+        char what[96];
+
+        rand_qweights(&r, K, N, sub, 1, w_q, sc, ze);
+        for (int k = 0; k < K; k++)     /* fp32, 24 significant bits, 2^-8 .. 2^4 */
+            x[k] = (float)((int)(lcg(&r) & 0xffffff) - 0x800000) / 0x800000 *
+                   ldexpf(1.0f, (int)(lcg(&r) % 13) - 8);
+        x[1] = 0.0f;
+        x[2] = -0.0f;
+        x[3] = -0x1p-90f * (1.0f + 0x1p-9f + 0x1p-20f);   /* parts near 2^-110 */
+        ck_assert_int_eq(cpu_qmat_alloc(&m, K, N, 1, ka->layout), HD_OK);
+        cpu_repack_raw(&m, 0, w_q, sc, ze);
+        ck_assert_int_eq(m.normal, !sub);
+
+        /* fp32 x: three parts that sum to x, the xd floats poisoned */
+        gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
+        cpu_prepare_x(x, K, &xq);
+        ck_assert_int_eq(xq.bf16, 0);
+        ck_assert_int_eq(xq.f32, 1);
+        ck_assert_int_eq(xq.x3, 1);
+        for (int k = 0; k < K; k++) {
+            const uint16_t *t = xq.xt + (size_t)(k / 32) * 96 + (size_t)(k % 32 / 2) * 6 + (k & 1);
+            ck_assert_msg((double)hd_bf16_to_f32(t[0]) + (double)hd_bf16_to_f32(t[2]) +
+                          (double)hd_bf16_to_f32(t[4]) == (double)x[k],
+                          "K %d: x[%d] = %a: parts do not sum to it", K, k, (double)x[k]);
+        }
+        for (int i = 0; i < 2 * K; i++)
+            xq.xd[i] = NAN;
+        snprintf(what, sizeof what, "amx, fp32 x, K %d N %d", K, N);
+        check_pairs_ranges(ka, &m, P, &xq, y, ref, mag, N, what);
+
+        /* bf16 x: its words */
+        for (int k = 0; k < K; k++)
+            xv[k] = hd_bf(x[k]);
+        xv[3] = 0.0f;
+        gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+        cpu_prepare_x(xv, K, &xq);
+        ck_assert_int_eq(xq.bf16, 1);
+        snprintf(what, sizeof what, "amx, bf16 x, K %d N %d", K, N);
+        check_pairs_ranges(ka, &m, P, &xq, y, ref, mag, N, what);
+
+        /* one nonzero x, bf16 (exact) and in three parts (within an ulp) */
+        for (size_t i = 0; i < sizeof one_at / sizeof one_at[0] && one_at[i] < K; i++)
+            for (int v = 0; v < 2; v++) {
+                const int k1 = one_at[i];
+                memset(xv, 0, (size_t)K * 4);
+                xv[k1] = v ? 1.0f + 0x1p-10f + 0x1p-20f : 1.0f + 0x1p-3f + 0x1p-7f;
+                gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+                cpu_prepare_x(xv, K, &xq);
+                ck_assert_int_eq(xq.bf16, !v);
+                ck_assert_int_eq(xq.x3, v);
+                memset(y, 0, (size_t)N * 4);
+                cpu_gemv_pairs(ka, m.tiles, 0, P, m.groups, m.normal, &xq, y);
+                for (int n = 0; n < N; n++) {
+                    const double e = fabs((double)y[n] - ref[n]);
+                    const double ulp = ref[n] == 0.0 ? 0.0
+                                       : ldexp(1.0, ilogb(ref[n]) - 23);
+                    ck_assert_msg(v ? e <= ulp : (double)y[n] == ref[n],
+                                  "one x (%s) at %d, K %d N %d: column %d: %a vs %a",
+                                  v ? "three parts" : "bf16", k1, K, N, n, (double)y[n],
+                                  ref[n]);
+                }
+            }
+
+        /* an infinity; a subnormal part; parts that underflow: x3 0, the
+         * fp32 FMAs, as the double sum (or within 1e-5) */
+        for (int v = 0; v < 3; v++) {
+            memcpy(xv, x, (size_t)K * 4);
+            xv[K / 3] = v == 0 ? -INFINITY : v == 1 ? 0x1p-120f * (1.0f + 0x1p-12f)
+                                                    : 0x1p-126f * (1.0f + 0x1p-20f);
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            cpu_prepare_x(xv, K, &xq);
+            ck_assert_int_eq(xq.f32, 1);
+            ck_assert_msg(xq.x3 == 0, "x case %d, K %d: three parts taken", v, K);
+            cpu_gemv_pairs(ka, m.tiles, 0, P, m.groups, m.normal, &xq, y);
+            if (v == 0) {
+                for (int n = 0; n < N; n++)
+                    ck_assert_msg(isnan(ref[n]) ? isnan(y[n]) : (double)y[n] == ref[n],
+                                  "x with -inf, K %d N %d: column %d: %a vs %a", K, N, n,
+                                  (double)y[n], ref[n]);
+            } else {
+                snprintf(what, sizeof what, "amx, tiny x (%d), K %d N %d", v, K, N);
+                check_close(y, ref, mag, N, what);
+            }
+        }
+
+        printf("amx gemv K %d N %d: ok\n", K, N);
+        cpu_qmat_free(&m);
+        free(w_q);
+        free(sc);
+        free(ze);
+        free(x);
+        free(xv);
+        free(y);
+        free(ref);
+        free(mag);
+        free(xq.xd);
+        free(xq.xb);
+        free(xq.xe);
+        free(xq.xt);
+    }
+}
+END_TEST
+#endif
 #endif
 #endif
 
@@ -847,6 +993,9 @@ int main(void)
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16
     tcase_add_test(tc, test_f32_gemv);
+#endif
+#ifdef HD_CPU_HAVE_AMX
+    tcase_add_test(tc, test_amx_gemv);
 #endif
 #endif
     tcase_add_test(tc, test_golden_a);

@@ -277,15 +277,6 @@ static uint32_t rng_next(uint32_t *s)
     return *s;
 }
 
-static uint64_t read_range(const uint64_t *p, size_t n)
-{
-    uint64_t a[8] = { 0 };
-    for (size_t i = 0; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            a[j] += p[i + j];
-    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-}
-
 static int run_gemv(const bench_config *c)
 {
     static const int shapes[5][2] = { { 4096, 2304 }, { 2304, 4096 },
@@ -308,7 +299,7 @@ static int run_gemv(const bench_config *c)
     }
     kern = cpu_kernels_for(isa);
     /* which of x's layouts (cpu.h) the kernels take */
-    x_layout = c->x32 ? (kern->gemv_pairs_f32 ? "xe" : "xd")
+    x_layout = c->x32 ? (kern->gemv_pairs_x3 ? "xt" : kern->gemv_pairs_f32 ? "xe" : "xd")
                       : (kern->gemv_pairs_bf16 ? "xb" : "xd");
     threads = cpu_resolve_threads(c->threads);
     hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
@@ -325,7 +316,7 @@ static int run_gemv(const bench_config *c)
          * as the down and W_v inputs are */
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
                       malloc((size_t)K * sizeof(uint16_t)), malloc((size_t)K * sizeof(float)),
-                      K, 0, 0 };
+                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 0, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;
@@ -334,7 +325,7 @@ static int run_gemv(const bench_config *c)
         uint64_t sink = 0;
         int *ctr;
 
-        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb || !xq.xe ||
+        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb || !xq.xe || !xq.xt ||
             cpu_qmat_alloc(&proto, K, N, 1, kern->layout) != HD_OK) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;
@@ -404,7 +395,7 @@ static int run_gemv(const bench_config *c)
                         size_t lo = k * chunk, hi = lo + chunk < total ? lo + chunk : total;
                         if (lo >= total)
                             break;
-                        s += read_range((const uint64_t *)(const void *)(p + lo * pair_bytes),
+                        s += hd_host_read_sum((const uint64_t *)(const void *)(p + lo * pair_bytes),
                                         (hi - lo) * pair_bytes / 8);
                     }
                     cpu_barrier(&bar, nt);
@@ -433,6 +424,7 @@ static int run_gemv(const bench_config *c)
         free(xq.xd);
         free(xq.xb);
         free(xq.xe);
+        free(xq.xt);
     }
     {
         double bw1 = 0;

@@ -59,7 +59,8 @@ typedef enum cpu_isa {
     CPU_ISA_PORTABLE = 0,
     CPU_ISA_AVX2 = 1,
     CPU_ISA_AVX512 = 2,
-    CPU_ISA_AVX512BF16 = 3
+    CPU_ISA_AVX512BF16 = 3,
+    CPU_ISA_AMX = 4                 /* avx512bf16 + AMX tiles for the GEMVs */
 } cpu_isa;
 
 /* 1 when no weight bf((v - z) s), v = 0..15, of a column with scale s
@@ -106,14 +107,24 @@ typedef struct cpu_qmat {
  * the kernels have a kernel for it: as floats per 16 inputs, the 8 even
  * ones, then the 8 odd ones ([x0 x2 .. x14 x1 x3 .. x15]), which meet the
  * even and the odd bf16 weights of 16 consecutive inputs widened to fp32;
- * f32 says whether xe holds x. */
+ * f32 says whether xe holds x.
+ *
+ * Such an x also as three bf16 parts, hi + mid + lo = x exactly, for the
+ * AMX kernel (cpu_kern_amx.c), where xt is not NULL: per 32 inputs (one
+ * tile's depth) and pair r of them, the words hi(2r) hi(2r+1) mid(2r)
+ * mid(2r+1) lo(2r) lo(2r+1) (96 words); x3 says whether xt holds x: only
+ * where every x is finite and every part normal or zero (the tile unit
+ * reads a subnormal bf16 as zero), and xe holds x too (the kernel's
+ * fallback). */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
     uint16_t *xb;                   /* [k] or NULL */
     float *xe;                      /* [k] or NULL */
+    uint16_t *xt;                   /* [3k] or NULL */
     int k;
     int bf16;                       /* xb holds x (cpu_prepare_x) */
     int f32;                        /* xe holds x (cpu_prepare_x) */
+    int x3;                         /* xt holds x (cpu_prepare_x) */
 } cpu_xq;
 
 /* One matrix-vector product of a multi-product call: y[yoff + n] = the
@@ -142,6 +153,11 @@ typedef struct cpu_kernels {
      * the instruction set has no such kernel. */
     void (*gemv_pairs_f32)(const uint8_t *tiles, int p0, int p1, int groups,
                            int normal, const float *xe, float *y);
+    /* The same from x's three bf16 parts (cpu_xq.x3), xe for what the
+     * kernel leaves to gemv_pairs_f32; NULL where the instruction set has
+     * no such kernel. */
+    void (*gemv_pairs_x3)(const uint8_t *tiles, int p0, int p1, int groups,
+                          int normal, const uint16_t *xt, const float *xe, float *y);
     /* dst[i] = exp(src[i]) (SLEEF 1-ulp where built with it); in place ok. */
     void (*vexp)(float *dst, const float *src, int n);
     /* sin and cos of n angles (accurate range reduction). */
@@ -170,6 +186,13 @@ extern const cpu_kernels cpu_kernels_avx512;
 #endif
 #ifdef HD_CPU_HAVE_AVX512BF16
 extern const cpu_kernels cpu_kernels_avx512bf16;
+#ifdef HD_CPU_HAVE_AMX
+extern const cpu_kernels cpu_kernels_amx;
+void cpu_amx_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                        const uint16_t *xb, float *y);
+void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                           const uint16_t *xt, const float *xe, float *y);
+#endif
 /* cpu_kern_avx512bf16.c (built with -mavx512bf16). */
 void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                int groups, int normal, const uint16_t *xb, float *y);
@@ -190,6 +213,8 @@ static inline void cpu_gemv_pairs(const cpu_kernels *kern,
 {
     if (kern->gemv_pairs_bf16 && x->bf16)
         kern->gemv_pairs_bf16(tiles, p0, p1, groups, normal, x->xb, y);
+    else if (kern->gemv_pairs_x3 && x->x3)
+        kern->gemv_pairs_x3(tiles, p0, p1, groups, normal, x->xt, x->xe, y);
     else if (kern->gemv_pairs_f32 && x->f32)
         kern->gemv_pairs_f32(tiles, p0, p1, groups, normal, x->xe, y);
     else
@@ -287,11 +312,13 @@ void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
 /* Column pairs per chunk of a sweep of `pairs` pairs over nt threads: about
  * 8 chunks per thread, enough to even out a slow thread, few enough that
  * the counter (a cache line the threads pass around) and the restart of
- * the hardware prefetcher at each chunk stay cheap; even, so that the
- * kernel's two-pair passes line up. */
+ * the hardware prefetcher at each chunk stay cheap; a multiple of 8, so
+ * that the kernels' two-pair passes and the AMX kernel's eight-pair blocks
+ * line up (every matrix has a multiple of 8 pairs, so a column takes the
+ * same kernel whatever the thread count). */
 static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
 {
-    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 8) + 1) & ~(size_t)1;
+    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 8) + 8) & ~(size_t)7;
 }
 
 /* ---- cpu_isa.c ---- */

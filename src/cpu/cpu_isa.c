@@ -1,8 +1,12 @@
 /* cpu_isa.c - which kernels a model uses: chosen once, at model creation,
- * from cpuid/xgetbv (avx512bf16 where this CPU, its OS and this build run
- * it, else avx2, else avx512, else portable), or forced by HD_CPU_ISA=
- * portable|avx2|avx512|avx512bf16 (avx512bf16: the avx512 kernels, with
- * the vdpbf16ps GEMV where x is exactly bf16).  avx512bf16 comes first: on
+ * from cpuid/xgetbv (amx where this CPU, its OS and this build run it,
+ * else avx512bf16, else avx2, else avx512, else portable), or forced by
+ * HD_CPU_ISA=portable|avx2|avx512|avx512bf16|amx (avx512bf16: the avx512
+ * kernels, with the vdpbf16ps GEMV where x is exactly bf16; amx: those,
+ * with the GEMVs on the AMX tile unit).  amx comes first: on an Intel Xeon
+ * with AMX its GEMVs took about 0.7 of the time of the others, where
+ * vdpbf16ps and the table lookups share the vector ports (docs/
+ * PERFORMANCE.md).  avx512bf16 next: on
  * Zen 4 its GEMV took 0.6-0.7 of the time of the others (docs/
  * PERFORMANCE.md).  Then avx2: on the same machine the plain avx512
  * kernels were no faster (512-bit operations in two halves), so they are
@@ -44,16 +48,22 @@ static int isa_runs(cpu_isa isa)
 #else
         return 0;
 #endif
+    case CPU_ISA_AMX:
+#ifdef HD_CPU_HAVE_AMX
+        return isa_runs(CPU_ISA_AVX512BF16) && f.amx_bf16 && hd_cpu_amx_enable();
+#else
+        return 0;
+#endif
     }
     return 0;
 }
 
 hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
 {
-    static const char *const names[] = { "portable", "avx2", "avx512", "avx512bf16" };
+    static const char *const names[] = { "portable", "avx2", "avx512", "avx512bf16", "amx" };
     const char *env = getenv("HD_CPU_ISA");
     if (env && *env) {
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             if (strcmp(env, names[i]) != 0)
                 continue;
             if (!isa_runs((cpu_isa)i))
@@ -65,10 +75,11 @@ hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
         }
         return hd_fail(err, err_size, HD_ERR_BACKEND_UNAVAILABLE,
                        "HD_CPU_ISA=\"%.32s\" is not one of portable, avx2, avx512, "
-                       "avx512bf16",
+                       "avx512bf16, amx",
                        env);
     }
-    *isa = isa_runs(CPU_ISA_AVX512BF16) ? CPU_ISA_AVX512BF16
+    *isa = isa_runs(CPU_ISA_AMX)        ? CPU_ISA_AMX
+         : isa_runs(CPU_ISA_AVX512BF16) ? CPU_ISA_AVX512BF16
          : isa_runs(CPU_ISA_AVX2)       ? CPU_ISA_AVX2
          : isa_runs(CPU_ISA_AVX512)     ? CPU_ISA_AVX512
                                         : CPU_ISA_PORTABLE;
@@ -78,6 +89,10 @@ hd_status cpu_choose_isa(cpu_isa *isa, char *err, size_t err_size)
 const cpu_kernels *cpu_kernels_for(cpu_isa isa)
 {
     switch (isa) {
+#ifdef HD_CPU_HAVE_AMX
+    case CPU_ISA_AMX:
+        return &cpu_kernels_amx;
+#endif
 #ifdef HD_CPU_HAVE_AVX512BF16
     case CPU_ISA_AVX512BF16:
         return &cpu_kernels_avx512bf16;

@@ -187,3 +187,23 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
     .mla_range = gen_mla_range,
 };
 #endif
+
+#ifdef HD_CPU_HAVE_AMX
+/* The avx512bf16 kernels, with the GEMVs of cpu_kern_amx.c on the AMX tile
+ * unit: from x's bf16 words, or from its three bf16 parts where x is fp32
+ * (the expert down inputs, W_v's); the avx512bf16 GEMVs for the rest. */
+const cpu_kernels cpu_kernels_amx = {
+    .name = "amx",
+    .layout = CPU_LAYOUT_SLICED,
+    .gemv_pairs = cpu_avx512bf16_gemv_pairs_xd,
+    .gemv_pairs_bf16 = cpu_amx_gemv_pairs,
+    .gemv_pairs_f32 = cpu_avx512bf16_gemv_pairs_f32,
+    .gemv_pairs_x3 = cpu_amx_gemv_pairs_x3,
+    .absorb = gen_absorb,
+    .vexp = isa_vexp,
+    .vsincos = isa_vsincos,
+    .dot_bf16_f64 = gen_dot_bf16_f64,
+    .kda_head = gen_kda_head,
+    .mla_range = gen_mla_range,
+};
+#endif

@@ -34,14 +34,16 @@ static void *carve(carver *c, size_t bytes)
 
 /* x's floats in the xd layout; its bf16 words where xb (kernels with a
  * gemv_pairs_bf16), its floats in the xe layout where xe (kernels with a
- * gemv_pairs_f32). */
-static void carve_xq(carver *c, cpu_xq *q, int k, int xb, int xe)
+ * gemv_pairs_f32), its three bf16 parts where xt (kernels with both a
+ * gemv_pairs_f32 and a gemv_pairs_x3). */
+static void carve_xq(carver *c, cpu_xq *q, int k, int xb, int xe, int xt)
 {
     q->k = k;
-    q->bf16 = q->f32 = 0;
+    q->bf16 = q->f32 = q->x3 = 0;
     q->xd = carve(c, (size_t)k * 2 * sizeof(float));
     q->xb = xb ? carve(c, (size_t)k * sizeof(uint16_t)) : NULL;
     q->xe = xe ? carve(c, (size_t)k * sizeof(float)) : NULL;
+    q->xt = xt ? carve(c, (size_t)k * 3 * sizeof(uint16_t)) : NULL;
 }
 
 /* Lays the scratch out (s == NULL: only measures). */
@@ -53,11 +55,12 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     const int T = cm->threads;
     const int xb = cm->kern->gemv_pairs_bf16 != NULL;
     const int xe = cm->kern->gemv_pairs_f32 != NULL;
+    const int xt = xe && cm->kern->gemv_pairs_x3 != NULL;
     if (!s)
         s = &dummy;
     carve(&c, sizeof(cpu_scratch));
     for (int i = 0; i < HD_MLA_HEADS; i++)
-        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, xb, xe);
+        carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, xb, xe, xt);
     s->logits = carve(&c, (size_t)experts * sizeof(float));
     s->mla_ml = carve(&c, (size_t)T * 2 * HD_MLA_HEADS * sizeof(float));
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
@@ -72,9 +75,9 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
         th->x = carve(&c, HD_HIDDEN * sizeof(float));
         th->a = carve(&c, CPU_A * sizeof(float));
         th->qrope = carve(&c, HD_MLA_HEADS * HD_MLA_QK_ROPE * sizeof(float));
-        carve_xq(&c, &th->xq, CPU_A, xb, xe);
+        carve_xq(&c, &th->xq, CPU_A, xb, xe, xt);
         for (int j = 0; j < CPU_NX; j++)
-            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, xb, xe);
+            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, xb, xe, xt);
     }
     s->threads = T;
     return c.used;

@@ -1,0 +1,226 @@
+/* cpu_kern_amx.c - the int4 GEMV on the AMX tile unit (TDPBF16PS), for
+ * CPUs with AMX-BF16 (Intel Xeon since Sapphire Rapids); built with
+ * -mamx-tile -mamx-bf16 on top of the avx512bf16 flags into its own
+ * convenience library, called only after cpu_isa.c found the tiles in
+ * cpuid and XCR0 and Linux granted this process their state
+ * (hd_cpu_amx_enable).
+ *
+ * Why.  On such a Xeon the 512-bit vector work has two ports, the table
+ * lookup (vpermw) takes one of them and vdpbf16ps costs two cycles, so the
+ * vector GEMVs of cpu_kern_avx512bf16.c ran at 3.2-4 ns per 32 bytes of
+ * weights with the weights hot (about 9 GB/s a core: half of what a core
+ * reads from memory).  Here the vector ports only look the weights up and
+ * store them; the multiply-adds go to the tile unit, which works beside
+ * them (docs/PERFORMANCE.md).
+ *
+ * How.  A block is 8 column pairs (16 columns).  For each group (128
+ * inputs) the block's 16 columns are looked up into four 16 x 32 bf16 A
+ * tiles in memory, one row per column, one tile per 32 inputs: with the
+ * tiles in the sliced layout (cpu.h), the 32-byte chunk of a column holds
+ * the nibbles of 64 inputs, and shifted by 0 and 4 (8 and 12) in the two
+ * halves of a zmm it indexes the first (last) 32 of them in order; the
+ * table is the column's 16 weights in both halves, so the bit above each
+ * nibble, which a 32-entry vpermw also reads, does not matter.  Each A
+ * tile meets x's B tile of the same 32 inputs: 16 rows (input pairs) of
+ * one column for a bf16 x (cpu_xq.xb as it is) or three for an fp32 x
+ * (hi, mid, lo: cpu_xq.xt), and TDPBF16PS adds the 16 x 32 products of
+ * each column and part into the block's C tile (one per 32 inputs of the
+ * group, so four chains).  The four C tiles and the parts are summed at
+ * the block's end.
+ *
+ * Exactness, as for vdpbf16ps (cpu_kern_avx512bf16.c): the weights are the
+ * exact bf16 words bf((v - z) * s) (tables by vcvtne2ps2bf16, used only
+ * for matrices whose every tile is normal, cpu_qmat.normal; others go to
+ * the avx512bf16 kernels whole), x is bf16 or split exactly into three bf16
+ * parts, each product of two bf16 values is exact in fp32 and only the
+ * sums are rounded (to nearest even).  The tile unit reads subnormal
+ * inputs as zero and flushes subnormal results: subnormal x parts never
+ * come here (cpu_prepare_x), and a partial sum below 2^-126 in magnitude
+ * is flushed (below 1.2e-38 each).
+ *
+ * The column pairs of a call that do not fill an 8-pair block aligned to
+ * the matrix's start go to the avx512bf16 kernels; cpu_gemv_chunk cuts the
+ * sweeps at multiples of 8 pairs, so a column takes the same kernel
+ * whatever the thread count. */
+#include "config.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu.h"
+
+#define AMX_PAIRS 8
+
+/* LDTILECFG's 64-byte operand (palette 1). */
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Tiles 0-3: the C sums (16 columns x parts fp32); 4, 5: A (16 columns x
+ * 32 bf16 weights); 6, 7: B (16 input pairs x parts). */
+static void amx_configure(int parts)
+{
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 4 * parts);
+    }
+    _tile_loadconfig(&c);
+}
+
+/* The two columns' tables of tile t, each column's 16 exact bf16 weights
+ * in both halves of a zmm (vcvtne2ps2bf16 rounds to nearest even, as
+ * hd_f32_to_bf16 does, and flushes subnormals: normal matrices only). */
+static inline __attribute__((always_inline)) void
+amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
+{
+    const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    int32_t s2, z2;
+    memcpy(&s2, t + CPU_TILE_W, 4);         /* scale A, scale B */
+    memcpy(&z2, t + CPU_TILE_W + 4, 4);     /* zero A, zero B */
+    const __m512i S = _mm512_set1_epi32(s2), Z = _mm512_set1_epi32(z2);
+    const __m512 sa = _mm512_castsi512_ps(_mm512_slli_epi32(S, 16));
+    const __m512 za = _mm512_castsi512_ps(_mm512_slli_epi32(Z, 16));
+    const __m512 sb = _mm512_castsi512_ps(_mm512_and_si512(S, hm));
+    const __m512 zb = _mm512_castsi512_ps(_mm512_and_si512(Z, hm));
+    const __m512 fa = _mm512_mul_ps(_mm512_sub_ps(v, za), sa);
+    const __m512 fb = _mm512_mul_ps(_mm512_sub_ps(v, zb), sb);
+    *TA = (__m512i)_mm512_cvtne2ps_pbh(fa, fa);
+    *TB = (__m512i)_mm512_cvtne2ps_pbh(fb, fb);
+}
+
+/* y[0 .. 16) = the 16 columns of the 8 pairs at ta (pair stride ps) times
+ * x (B tiles at xt, 16 * 2 * parts words per 32 inputs). */
+static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *xt,
+                      int parts, float *y)
+{
+    /* two sets of A rows, so that a group's lookups need not wait for the
+     * tile loads of the group before */
+    _Alignas(64) uint16_t abuf[2][4][16][32];
+    _Alignas(64) float cs[4][16][4];
+    const __m512i four = _mm512_set1_epi16(4);
+    /* word shifts: 0 in the low half, 4 in the high half; then 8 and 12 */
+    const __m512i sh01 = _mm512_mask_blend_epi64(0xf0, _mm512_setzero_si512(), four);
+    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(8));
+    const size_t xs = (size_t)32 * (size_t)parts;  /* words of x per 32 inputs */
+    const int xstride = 4 * parts;
+
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int g = 0; g < groups; g++) {
+        uint16_t(*buf)[16][32] = abuf[g & 1];
+        const size_t off = (size_t)g * CPU_TILE_BYTES;
+        for (int j = 0; j < AMX_PAIRS; j++) {
+            const uint8_t *t = ta + (size_t)j * ps + off;
+            /* The next block, linearly: its 8 * groups tiles, 8 per
+             * group.  The block reads its 8 pairs' streams a group at a
+             * time, strides the hardware prefetcher did not follow:
+             * prefetching each stream a few groups ahead instead left a
+             * core at 6.5 GB/s with the weights cold, this at 10.5
+             * (against 8-9.6 for the avx512bf16 kernels). */
+            const char *pf = (const char *)ta + (size_t)AMX_PAIRS * ps +
+                             ((size_t)g * AMX_PAIRS + (size_t)j) * CPU_TILE_BYTES;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            if (j & 1)
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+            __m512i T[2];
+            amx_tables(t, &T[0], &T[1]);
+            for (int h = 0; h < 2; h++)
+                for (int ch = 0; ch < 2; ch++) {
+                    const __m512i r = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const void *)(t + 64 * h + 32 * ch)));
+                    _mm512_store_si512(buf[2 * ch][2 * j + h],
+                                       _mm512_permutexvar_epi16(_mm512_srlv_epi16(r, sh01), T[h]));
+                    _mm512_store_si512(buf[2 * ch + 1][2 * j + h],
+                                       _mm512_permutexvar_epi16(_mm512_srlv_epi16(r, sh23), T[h]));
+                }
+        }
+        const uint16_t *xg = xt + (size_t)4 * (size_t)g * xs;
+        _tile_loadd(4, buf[0], 64);
+        _tile_loadd(6, xg, xstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, buf[1], 64);
+        _tile_loadd(7, xg + xs, xstride);
+        _tile_dpbf16ps(1, 5, 7);
+        _tile_loadd(4, buf[2], 64);
+        _tile_loadd(6, xg + 2 * xs, xstride);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(5, buf[3], 64);
+        _tile_loadd(7, xg + 3 * xs, xstride);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, cs[0], 16);
+    _tile_stored(1, cs[1], 16);
+    _tile_stored(2, cs[2], 16);
+    _tile_stored(3, cs[3], 16);
+    for (int c = 0; c < 16; c++) {
+        float s = 0.0f;
+        for (int n = parts - 1; n >= 0; n--)  /* lo, mid, then hi */
+            s += (cs[0][c][n] + cs[1][c][n]) + (cs[2][c][n] + cs[3][c][n]);
+        y[c] = s;
+    }
+}
+
+/* The 8-pair blocks aligned to the matrix's start inside [p0, p1): [a0,
+ * a1), 0 when there is none. */
+static int amx_span(int p0, int p1, int *a0, int *a1)
+{
+    *a0 = (p0 + AMX_PAIRS - 1) / AMX_PAIRS * AMX_PAIRS;
+    *a1 = p1 / AMX_PAIRS * AMX_PAIRS;
+    return *a0 < *a1;
+}
+
+/* Pairs [a0, a1) (whole blocks) on the tile unit: its configuration is
+ * loaded here and released after, so that a thread holds the tile state
+ * (8 KB more to save at each context switch) only inside a call. */
+static void amx_blocks(const uint8_t *tiles, int a0, int a1, int groups,
+                       const uint16_t *xt, int parts, float *y)
+{
+    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
+    amx_configure(parts);
+    for (int p = a0; p < a1; p += AMX_PAIRS)
+        amx_block(tiles + (size_t)p * ps, ps, groups, xt, parts, y + 2 * p);
+    _tile_release();
+}
+
+/* x's bf16 words (cpu_xq.xb): one part, the words as they are. */
+void cpu_amx_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                        const uint16_t *xb, float *y)
+{
+    int a0, a1;
+    if (!normal || !amx_span(p0, p1, &a0, &a1)) {
+        cpu_avx512bf16_gemv_pairs(tiles, p0, p1, groups, normal, xb, y);
+        return;
+    }
+    if (p0 < a0)
+        cpu_avx512bf16_gemv_pairs(tiles, p0, a0, groups, normal, xb, y);
+    amx_blocks(tiles, a0, a1, groups, xb, 1, y);
+    if (a1 < p1)
+        cpu_avx512bf16_gemv_pairs(tiles, a1, p1, groups, normal, xb, y);
+}
+
+/* x's three parts (cpu_xq.xt); its xe floats for the pairs outside the
+ * blocks. */
+void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                           const uint16_t *xt, const float *xe, float *y)
+{
+    int a0, a1;
+    if (!normal || !amx_span(p0, p1, &a0, &a1)) {
+        cpu_avx512bf16_gemv_pairs_f32(tiles, p0, p1, groups, normal, xe, y);
+        return;
+    }
+    if (p0 < a0)
+        cpu_avx512bf16_gemv_pairs_f32(tiles, p0, a0, groups, normal, xe, y);
+    amx_blocks(tiles, a0, a1, groups, xt, 3, y);
+    if (a1 < p1)
+        cpu_avx512bf16_gemv_pairs_f32(tiles, a1, p1, groups, normal, xe, y);
+}
