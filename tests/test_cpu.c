@@ -785,9 +785,10 @@ END_TEST
  * nonzero x at input k gives w[k][n] x, exactly for a bf16 x and within
  * an ulp for a three-part one (two sums), for k at the edges of the
  * tile's 32 inputs, the layout's slices and chunks and the group (a
- * misplaced input picks another weight); an x with an infinity, one with
- * a subnormal part, and one whose parts underflow stay on the fp32 FMAs
- * (x3 0); a matrix with subnormal weights (normal 0) on the avx512bf16
+ * misplaced input picks another weight); an x with an infinity, with a
+ * NaN whose bf16 rounding wraps to zero, with a subnormal part, with parts
+ * that underflow and one whose third part rounds away stay on the fp32
+ * FMAs (x3 0); a matrix with subnormal weights (normal 0) on the avx512bf16
  * kernels.  Pair counts not multiples of 8 cover the tails. */
 START_TEST(test_amx_gemv)
 {
@@ -883,20 +884,24 @@ START_TEST(test_amx_gemv)
 
         /* an infinity; a subnormal part; parts that underflow: x3 0, the
          * fp32 FMAs, as the double sum (or within 1e-5) */
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < 5; v++) {
+            const uint32_t nan_bits = 0x7fffffffu;  /* rounds to bf16 -0 */
             memcpy(xv, x, (size_t)K * 4);
             xv[K / 3] = v == 0 ? -INFINITY : v == 1 ? 0x1p-120f * (1.0f + 0x1p-12f)
-                                                    : 0x1p-126f * (1.0f + 0x1p-20f);
+                      : v == 2 ? 0x1p-126f * (1.0f + 0x1p-20f)
+                      : 0x1p-120f + 0x1p-140f;      /* v 3: the third part rounds away */
+            if (v == 4)
+                memcpy(&xv[K / 3], &nan_bits, 4);
             gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.f32, 1);
             ck_assert_msg(xq.x3 == 0, "x case %d, K %d: three parts taken", v, K);
             cpu_gemv_pairs(ka, m.tiles, 0, P, m.groups, m.normal, &xq, y);
-            if (v == 0) {
+            if (v == 0 || v == 4) {
                 for (int n = 0; n < N; n++)
                     ck_assert_msg(isnan(ref[n]) ? isnan(y[n]) : (double)y[n] == ref[n],
-                                  "x with -inf, K %d N %d: column %d: %a vs %a", K, N, n,
-                                  (double)y[n], ref[n]);
+                                  "x with %s, K %d N %d: column %d: %a vs %a",
+                                  v ? "NaN" : "-inf", K, N, n, (double)y[n], ref[n]);
             } else {
                 snprintf(what, sizeof what, "amx, tiny x (%d), K %d N %d", v, K, N);
                 check_close(y, ref, mag, N, what);
