@@ -25,7 +25,7 @@ static int bf16_exact(const float *x, int k)
     return bad == 0;
 }
 
-/* f rounded to bf16, to nearest even (f finite). */
+/* f rounded to bf16, to nearest even (f finite; anything for the rest). */
 static uint16_t bf16_rne(float f)
 {
     uint32_t u;
@@ -41,46 +41,45 @@ static float bf16_val(uint16_t h)
     return f;
 }
 
-/* 1 when h is zero or normal (not subnormal, not Inf or NaN). */
-static int bf16_plain(uint16_t h)
+/* 1 when h is a subnormal, an infinity or a NaN (not zero, not normal). */
+static uint32_t bf16_odd(uint16_t h)
 {
-    const unsigned e = (h >> 7) & 0xffu;
-    return (h & 0x7fffu) == 0 || (e != 0 && e != 0xffu);
+    const uint32_t e = (h >> 7) & 0xffu;
+    return (e == 0xffu) | ((e == 0) & ((h & 0x7fu) != 0));
 }
 
-/* x as hi + mid + lo, each bf16 (cpu_xq.xt's order), and 1 when that is x
- * exactly with every part zero or normal.  Rounding x to bf16 leaves a
- * remainder of at most 16 significant bits, the second rounding one of at
- * most 8, which the third part holds; both subtractions are exact.  The
- * sum is checked anyway, in double (exact for three such parts), so that
- * an x this misses (one that over- or underflows) stays on the fp32 FMAs. */
+/* x (k a multiple of 32) as hi + mid + lo, each bf16, in cpu_xq.xt's
+ * order; 1 when every x is finite, every part zero or normal and the
+ * parts x exactly.  Both subtractions are exact (each result is within
+ * half a bf16 place of a number it is subtracted from, or subnormal), so
+ * x = hi + mid + r2 and the parts are x when lo is r2.  Rounding x to bf16
+ * leaves at most 16 significant bits and the second rounding at most 8,
+ * which lo holds, unless r2 underflowed (x = 2^-120 + 2^-140: mid rounds
+ * to zero): then lo != r2.  Branch-free: an x that fails only clears the
+ * flag. */
 static int split3(const float *x, int k, uint16_t *xt)
 {
-    int ok = 1;
-    for (int i = 0; i < k; i++) {
-        const float v = x[i];
-        uint16_t hi, mid, lo;
-        float r1, r2;
-        if (!(v - v == 0.0f)) {          /* Inf or NaN */
-            ok = 0;
-            hi = mid = lo = 0;
-        } else {
-            hi = bf16_rne(v);
-            r1 = v - bf16_val(hi);
-            mid = bf16_rne(r1);
-            r2 = r1 - bf16_val(mid);
-            lo = bf16_rne(r2);
-            ok &= bf16_plain(hi) & bf16_plain(mid) & bf16_plain(lo);
-            ok &= (double)bf16_val(hi) + (double)bf16_val(mid) + (double)bf16_val(lo) ==
-                  (double)v;
+    uint32_t bad = 0;
+    for (int b = 0; b < k / 32; b++)
+        for (int j = 0; j < 32; j++) {
+            const float v = x[32 * b + j];
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            /* (tested on x itself: a NaN's rounding can wrap to zero) */
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+            const uint16_t hi = bf16_rne(v);
+            const float r1 = v - bf16_val(hi);
+            const uint16_t mid = bf16_rne(r1);
+            const float r2 = r1 - bf16_val(mid);
+            const uint16_t lo = bf16_rne(r2);
+            /* pair j / 2 of the block, the input's parity */
+            uint16_t *row = xt + (size_t)b * 96 + (size_t)(j / 2) * 6 + (j & 1);
+            bad |= bf16_odd(hi) | bf16_odd(mid) | bf16_odd(lo) | (r2 != bf16_val(lo));
+            row[0] = hi;
+            row[2] = mid;
+            row[4] = lo;
         }
-        /* block of 32 inputs, pair r, then the part and the input's parity */
-        uint16_t *row = xt + (size_t)(i / 32) * 96 + (size_t)(i % 32 / 2) * 6 + (i & 1);
-        row[0] = hi;
-        row[2] = mid;
-        row[4] = lo;
-    }
-    return ok;
+    return bad == 0;
 }
 
 void cpu_prepare_x(const float *x, int k, cpu_xq *q)
