@@ -561,7 +561,7 @@ START_TEST(test_bf16_gemv)
         float *x = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
-        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, NULL, K, 0, 0, 0 };
+        cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, NULL, K, 0, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -590,7 +590,7 @@ START_TEST(test_bf16_gemv)
          * xe floats */
         for (int v = 0; v < 2; v++) {
             float *xv = tu_xmalloc((size_t)K * 4);
-            cpu_xq xe = { tu_xmalloc((size_t)K * 8), NULL, tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0 };
+            cpu_xq xe = { tu_xmalloc((size_t)K * 8), NULL, tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0, 0 };
             memcpy(xv, x, (size_t)K * 4);
             if (v == 0)
                 xv[K / 3] = nextafterf(xv[K / 3] == 0.0f ? 1.0f : xv[K / 3], INFINITY);
@@ -681,7 +681,7 @@ START_TEST(test_f32_gemv)
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
-                      tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0 };
+                      tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -778,8 +778,25 @@ START_TEST(test_f32_gemv)
 }
 END_TEST
 #ifdef HD_CPU_HAVE_AMX
-/* The AMX kernels (cpu_kern_amx.c) through cpu_gemv_pairs: a bf16 x and
- * an fp32 x (its three bf16 parts, cpu_xq.xt, checked to sum to x) within
+/* Where input k of x lies in cpu_xq.xt with P parts (cpu.h), found by
+ * walking its group's tiles in their order: group g, tile n, position p
+ * holds input 128 g + 64 (p / 16) + 16 n + p % 16, at pair p / 2 of the
+ * tile's 16 rows of 2 P words. */
+static size_t amx_x_at(int k, int parts)
+{
+    const int g = k / 128;
+    for (int n = 0; n < 4; n++)
+        for (int p = 0; p < 32; p++)
+            if (128 * g + 64 * (p / 16) + 16 * n + p % 16 == k)
+                return ((size_t)(4 * g + n) * 16 + (size_t)(p / 2)) * (size_t)(2 * parts) +
+                       (size_t)(p & 1);
+    ck_abort_msg("input %d not in any tile", k);
+    return 0;
+}
+
+/* The AMX kernels (cpu_kern_amx.c) through cpu_gemv_pairs: a bf16 x (its
+ * words in the tiles' order, cpu_xq.xt, checked to be x's) and an fp32 x
+ * (its three bf16 parts in that order, checked to sum to x) within
  * 1e-5 of sum |w x| of the exact sum, all pairs and the pairs [1, P - 1)
  * (8-pair blocks, the pairs around them on the avx512bf16 kernels); one
  * nonzero x at input k gives w[k][n] x, exactly for a bf16 x and within
@@ -803,7 +820,9 @@ START_TEST(test_amx_gemv)
     }
     const cpu_kernels *ka = cpu_kernels_for(CPU_ISA_AMX);
     ck_assert_str_eq(ka->name, "amx");
+    ck_assert_ptr_eq(ka->gemv_pairs_x1, cpu_amx_gemv_pairs_x1);
     ck_assert_ptr_eq(ka->gemv_pairs_x3, cpu_amx_gemv_pairs_x3);
+    ck_assert_ptr_null(cpu_kernels_for(CPU_ISA_AVX512BF16)->gemv_pairs_x1);
     ck_assert_ptr_null(cpu_kernels_for(CPU_ISA_AVX512BF16)->gemv_pairs_x3);
 
     for (size_t sh = 0; sh < n_shapes; sh++) {
@@ -817,7 +836,7 @@ START_TEST(test_amx_gemv)
         float *y = tu_xmalloc((size_t)N * 4);
         double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
-                      tu_xmalloc((size_t)K * 4), tu_xmalloc((size_t)K * 6), K, 0, 0, 0 };
+                      tu_xmalloc((size_t)K * 4), tu_xmalloc((size_t)K * 6), K, 0, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
 
@@ -839,7 +858,7 @@ START_TEST(test_amx_gemv)
         ck_assert_int_eq(xq.f32, 1);
         ck_assert_int_eq(xq.x3, 1);
         for (int k = 0; k < K; k++) {
-            const uint16_t *t = xq.xt + (size_t)(k / 32) * 96 + (size_t)(k % 32 / 2) * 6 + (k & 1);
+            const uint16_t *t = xq.xt + amx_x_at(k, 3);
             ck_assert_msg((double)hd_bf16_to_f32(t[0]) + (double)hd_bf16_to_f32(t[2]) +
                           (double)hd_bf16_to_f32(t[4]) == (double)x[k],
                           "K %d: x[%d] = %a: parts do not sum to it", K, k, (double)x[k]);
@@ -856,6 +875,12 @@ START_TEST(test_amx_gemv)
         gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
         cpu_prepare_x(xv, K, &xq);
         ck_assert_int_eq(xq.bf16, 1);
+        ck_assert_int_eq(xq.x1, 1);
+        ck_assert_int_eq(xq.x3, 0);
+        for (int k = 0; k < K; k++)
+            ck_assert_msg(xq.xt[amx_x_at(k, 1)] == xq.xb[k], "K %d: x[%d] misplaced", K, k);
+        for (int i = 0; i < 2 * K; i++)
+            xq.xd[i] = NAN;
         snprintf(what, sizeof what, "amx, bf16 x, K %d N %d", K, N);
         check_pairs_ranges(ka, &m, P, &xq, y, ref, mag, N, what);
 

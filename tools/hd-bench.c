@@ -300,7 +300,7 @@ static int run_gemv(const bench_config *c)
     kern = cpu_kernels_for(isa);
     /* which of x's layouts (cpu.h) the kernels take */
     x_layout = c->x32 ? (kern->gemv_pairs_x3 ? "xt" : kern->gemv_pairs_f32 ? "xe" : "xd")
-                      : (kern->gemv_pairs_bf16 ? "xb" : "xd");
+                      : (kern->gemv_pairs_x1 ? "xt" : kern->gemv_pairs_bf16 ? "xb" : "xd");
     threads = cpu_resolve_threads(c->threads);
     hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
     for (int sh = 0; sh < n_shapes; sh++) {
@@ -316,7 +316,7 @@ static int run_gemv(const bench_config *c)
          * as the down and W_v inputs are */
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
                       malloc((size_t)K * sizeof(uint16_t)), malloc((size_t)K * sizeof(float)),
-                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 0, 0 };
+                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 0, 0, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;

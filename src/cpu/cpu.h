@@ -109,13 +109,17 @@ typedef struct cpu_qmat {
  * even and the odd bf16 weights of 16 consecutive inputs widened to fp32;
  * f32 says whether xe holds x.
  *
- * Such an x also as three bf16 parts, hi + mid + lo = x exactly, for the
- * AMX kernel (cpu_kern_amx.c), where xt is not NULL: per 32 inputs (one
- * tile's depth) and pair r of them, the words hi(2r) hi(2r+1) mid(2r)
- * mid(2r+1) lo(2r) lo(2r+1) (96 words); x3 says whether xt holds x: only
- * where every x is finite and every part normal or zero (the tile unit
- * reads a subnormal bf16 as zero), and xe holds x too (the kernel's
- * fallback). */
+ * For the AMX kernels (cpu_kern_amx.c), where xt is not NULL and k is a
+ * multiple of 128, x also in the order of their tiles: per group of 128
+ * inputs four tiles of 32, position p of tile n holding input 64 (p / 16)
+ * + 16 n + p % 16 of the group (the order in which the kernel looks the
+ * sliced weights up), each tile 16 rows of an input pair (positions 2r,
+ * 2r + 1) and P parts: the words part0(2r) part0(2r + 1) part1(2r) ...
+ * (32 P words a tile).  A bf16 x as its words (P = 1; x1 says whether xt
+ * holds them, set with bf16).  Any other x as three bf16 parts, hi + mid
+ * + lo = x exactly (P = 3; x3 says whether xt holds them): only where
+ * every x is finite and every part normal or zero (the tile unit reads a
+ * subnormal bf16 as zero), and xe holds x too (the kernel's fallback). */
 typedef struct cpu_xq {
     float *xd;                      /* [2k] */
     uint16_t *xb;                   /* [k] or NULL */
@@ -124,7 +128,8 @@ typedef struct cpu_xq {
     int k;
     int bf16;                       /* xb holds x (cpu_prepare_x) */
     int f32;                        /* xe holds x (cpu_prepare_x) */
-    int x3;                         /* xt holds x (cpu_prepare_x) */
+    int x1;                         /* xt holds x's bf16 words */
+    int x3;                         /* xt holds x's three parts */
 } cpu_xq;
 
 /* One matrix-vector product of a multi-product call: y[yoff + n] = the
@@ -153,6 +158,11 @@ typedef struct cpu_kernels {
      * the instruction set has no such kernel. */
     void (*gemv_pairs_f32)(const uint8_t *tiles, int p0, int p1, int groups,
                            int normal, const float *xe, float *y);
+    /* The same from x's bf16 words in xt's order (cpu_xq.x1), xb for what
+     * the kernel leaves to gemv_pairs_bf16; NULL where the instruction set
+     * has no such kernel. */
+    void (*gemv_pairs_x1)(const uint8_t *tiles, int p0, int p1, int groups,
+                          int normal, const uint16_t *xt, const uint16_t *xb, float *y);
     /* The same from x's three bf16 parts (cpu_xq.x3), xe for what the
      * kernel leaves to gemv_pairs_f32; NULL where the instruction set has
      * no such kernel. */
@@ -188,8 +198,8 @@ extern const cpu_kernels cpu_kernels_avx512;
 extern const cpu_kernels cpu_kernels_avx512bf16;
 #ifdef HD_CPU_HAVE_AMX
 extern const cpu_kernels cpu_kernels_amx;
-void cpu_amx_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int normal,
-                        const uint16_t *xb, float *y);
+void cpu_amx_gemv_pairs_x1(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                           const uint16_t *xt, const uint16_t *xb, float *y);
 void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int normal,
                            const uint16_t *xt, const float *xe, float *y);
 #endif
@@ -203,15 +213,18 @@ void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int grou
 #endif
 
 /* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
- * have a kernel for them and x is bf16-exact, else from its xe floats
- * where the kernels have a kernel for those and x has them, else from its
- * floats in the xd layout.  normal: the matrix's cpu_qmat.normal. */
+ * have a kernel for them and x is bf16-exact (in xt's order where the
+ * kernels take that and x has it), else from its three parts or its xe
+ * floats where the kernels have a kernel for those and x has them, else
+ * from its floats in the xd layout.  normal: the matrix's cpu_qmat.normal. */
 static inline void cpu_gemv_pairs(const cpu_kernels *kern,
                                   const uint8_t *tiles, int p0, int p1,
                                   int groups, int normal, const cpu_xq *x,
                                   float *y)
 {
-    if (kern->gemv_pairs_bf16 && x->bf16)
+    if (kern->gemv_pairs_x1 && x->x1)
+        kern->gemv_pairs_x1(tiles, p0, p1, groups, normal, x->xt, x->xb, y);
+    else if (kern->gemv_pairs_bf16 && x->bf16)
         kern->gemv_pairs_bf16(tiles, p0, p1, groups, normal, x->xb, y);
     else if (kern->gemv_pairs_x3 && x->x3)
         kern->gemv_pairs_x3(tiles, p0, p1, groups, normal, x->xt, x->xe, y);

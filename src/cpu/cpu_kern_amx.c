@@ -15,18 +15,22 @@
  *
  * How.  A block is 8 column pairs (16 columns).  For each group (128
  * inputs) the block's 16 columns are looked up into four 16 x 32 bf16 A
- * tiles in memory, one row per column, one tile per 32 inputs: with the
- * tiles in the sliced layout (cpu.h), the 32-byte chunk of a column holds
- * the nibbles of 64 inputs, and shifted by 0 and 4 (8 and 12) in the two
- * halves of a zmm it indexes the first (last) 32 of them in order; the
- * table is the column's 16 weights in both halves, so the bit above each
- * nibble, which a 32-entry vpermw also reads, does not matter.  Each A
- * tile meets x's B tile of the same 32 inputs: 16 rows (input pairs) of
- * one column for a bf16 x (cpu_xq.xb as it is) or three for an fp32 x
- * (hi, mid, lo: cpu_xq.xt), and TDPBF16PS adds the 16 x 32 products of
- * each column and part into the block's C tile (one per 32 inputs of the
- * group, so four chains).  The four C tiles and the parts are summed at
- * the block's end.
+ * tiles in memory, one row per column: with the tiles in the sliced
+ * layout (cpu.h), a column's 64 bytes are 32 words, word w holding four
+ * inputs in its four nibbles; the words as loaded index the column's
+ * table with nibble 0, shifted right by 4 with nibble 1, and loaded one
+ * byte later (the high byte of each word in its low byte) with nibble 2,
+ * then shifted with nibble 3, so A tile n holds nibble n of the 32 words.
+ * Two shifts per four lookups: the shift and vpermw share the vector ports
+ * (docs/PERFORMANCE.md).  The table is the column's 16 weights in both
+ * halves, so the bit above each nibble, which a 32-entry vpermw also
+ * reads, does not matter.  Position p of tile n is thus input 64 (p / 16)
+ * + 16 n + p % 16 of the group, and x's B tiles are in that order
+ * (cpu_xq.xt, made by cpu_prepare_x): 16 rows (input pairs) of one column
+ * for a bf16 x (cpu_xq.x1) or three for an fp32 x (hi, mid, lo:
+ * cpu_xq.x3), and TDPBF16PS adds the 16 x 32 products of each column and
+ * part into the block's C tile (one per tile of the group, so four
+ * chains).  The four C tiles and the parts are summed at the block's end.
  *
  * Exactness, as for vdpbf16ps (cpu_kern_avx512bf16.c): the weights are the
  * exact bf16 words bf((v - z) * s) (tables by vcvtne2ps2bf16, used only
@@ -75,20 +79,23 @@ static void amx_configure(int parts)
 
 /* The two columns' tables of tile t, each column's 16 exact bf16 weights
  * in both halves of a zmm (vcvtne2ps2bf16 rounds to nearest even, as
- * hd_f32_to_bf16 does, and flushes subnormals: normal matrices only). */
+ * hd_f32_to_bf16 does, and flushes subnormals: normal matrices only).
+ * Each of the four scales and zeros is the high word of a 32-bit load that
+ * ends with it (the low word, the word before, is masked off): an AND
+ * apiece, where a shift for two of them took the shift port, which the
+ * lookups need. */
 static inline __attribute__((always_inline)) void
 amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
 {
     const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
-    int32_t s2, z2;
-    memcpy(&s2, t + CPU_TILE_W, 4);         /* scale A, scale B */
-    memcpy(&z2, t + CPU_TILE_W + 4, 4);     /* zero A, zero B */
-    const __m512i S = _mm512_set1_epi32(s2), Z = _mm512_set1_epi32(z2);
-    const __m512 sa = _mm512_castsi512_ps(_mm512_slli_epi32(S, 16));
-    const __m512 za = _mm512_castsi512_ps(_mm512_slli_epi32(Z, 16));
-    const __m512 sb = _mm512_castsi512_ps(_mm512_and_si512(S, hm));
-    const __m512 zb = _mm512_castsi512_ps(_mm512_and_si512(Z, hm));
+    int32_t w[4];
+    for (int i = 0; i < 4; i++)     /* scale A, scale B, zero A, zero B */
+        memcpy(&w[i], t + CPU_TILE_W - 2 + 2 * i, 4);
+    const __m512 sa = _mm512_castsi512_ps(_mm512_and_si512(_mm512_set1_epi32(w[0]), hm));
+    const __m512 sb = _mm512_castsi512_ps(_mm512_and_si512(_mm512_set1_epi32(w[1]), hm));
+    const __m512 za = _mm512_castsi512_ps(_mm512_and_si512(_mm512_set1_epi32(w[2]), hm));
+    const __m512 zb = _mm512_castsi512_ps(_mm512_and_si512(_mm512_set1_epi32(w[3]), hm));
     const __m512 fa = _mm512_mul_ps(_mm512_sub_ps(v, za), sa);
     const __m512 fb = _mm512_mul_ps(_mm512_sub_ps(v, zb), sb);
     *TA = (__m512i)_mm512_cvtne2ps_pbh(fa, fa);
@@ -104,10 +111,6 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
      * tile loads of the group before */
     _Alignas(64) uint16_t abuf[2][4][16][32];
     _Alignas(64) float cs[4][16][4];
-    const __m512i four = _mm512_set1_epi16(4);
-    /* word shifts: 0 in the low half, 4 in the high half; then 8 and 12 */
-    const __m512i sh01 = _mm512_mask_blend_epi64(0xf0, _mm512_setzero_si512(), four);
-    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(8));
     const size_t xs = (size_t)32 * (size_t)parts;  /* words of x per 32 inputs */
     const int xstride = 4 * parts;
 
@@ -134,15 +137,18 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
                 _mm_prefetch(pf + 128, _MM_HINT_T0);
             __m512i T[2];
             amx_tables(t, &T[0], &T[1]);
-            for (int h = 0; h < 2; h++)
-                for (int ch = 0; ch < 2; ch++) {
-                    const __m512i r = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256((const void *)(t + 64 * h + 32 * ch)));
-                    _mm512_store_si512(buf[2 * ch][2 * j + h],
-                                       _mm512_permutexvar_epi16(_mm512_srlv_epi16(r, sh01), T[h]));
-                    _mm512_store_si512(buf[2 * ch + 1][2 * j + h],
-                                       _mm512_permutexvar_epi16(_mm512_srlv_epi16(r, sh23), T[h]));
-                }
+            for (int h = 0; h < 2; h++) {
+                /* word w of the column: nibbles 0 and 1; loaded a byte
+                 * later, its high byte in the low one: nibbles 2 and 3 */
+                const __m512i r0 = _mm512_loadu_si512((const void *)(t + 64 * h));
+                const __m512i r1 = _mm512_loadu_si512((const void *)(t + 64 * h + 1));
+                _mm512_store_si512(buf[0][2 * j + h], _mm512_permutexvar_epi16(r0, T[h]));
+                _mm512_store_si512(buf[1][2 * j + h],
+                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(r0, 4), T[h]));
+                _mm512_store_si512(buf[2][2 * j + h], _mm512_permutexvar_epi16(r1, T[h]));
+                _mm512_store_si512(buf[3][2 * j + h],
+                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(r1, 4), T[h]));
+            }
         }
         const uint16_t *xg = xt + (size_t)4 * (size_t)g * xs;
         _tile_loadd(4, buf[0], 64);
@@ -192,9 +198,10 @@ static void amx_blocks(const uint8_t *tiles, int a0, int a1, int groups,
     _tile_release();
 }
 
-/* x's bf16 words (cpu_xq.xb): one part, the words as they are. */
-void cpu_amx_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int normal,
-                        const uint16_t *xb, float *y)
+/* x's bf16 words in the tiles' order (cpu_xq.xt, x1): one part; xb, the
+ * words in x's order, for the pairs outside the blocks. */
+void cpu_amx_gemv_pairs_x1(const uint8_t *tiles, int p0, int p1, int groups, int normal,
+                           const uint16_t *xt, const uint16_t *xb, float *y)
 {
     int a0, a1;
     if (!normal || !amx_span(p0, p1, &a0, &a1)) {
@@ -203,13 +210,13 @@ void cpu_amx_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups, int no
     }
     if (p0 < a0)
         cpu_avx512bf16_gemv_pairs(tiles, p0, a0, groups, normal, xb, y);
-    amx_blocks(tiles, a0, a1, groups, xb, 1, y);
+    amx_blocks(tiles, a0, a1, groups, xt, 1, y);
     if (a1 < p1)
         cpu_avx512bf16_gemv_pairs(tiles, a1, p1, groups, normal, xb, y);
 }
 
-/* x's three parts (cpu_xq.xt); its xe floats for the pairs outside the
- * blocks. */
+/* x's three parts in the tiles' order (cpu_xq.xt, x3); its xe floats for
+ * the pairs outside the blocks. */
 void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int normal,
                            const uint16_t *xt, const float *xe, float *y)
 {

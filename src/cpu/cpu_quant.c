@@ -4,8 +4,8 @@
  * bf16, x as bf16 words for the vdpbf16ps kernel (cpu.h), or else, where
  * the scratch has room (cpu_xq.xe), as floats per 16 inputs, the even ones
  * then the odd ones, for the fp32 kernel of the same instruction set; and
- * then, where the scratch has room for them (cpu_xq.xt), as three bf16
- * parts for the AMX kernel. */
+ * then, where the scratch has room for them (cpu_xq.xt), as its bf16 words
+ * or as three bf16 parts in the order of the AMX kernels' tiles. */
 #include "config.h"
 
 #include <string.h>
@@ -48,7 +48,17 @@ static uint32_t bf16_odd(uint16_t h)
     return (e == 0xffu) | ((e == 0) & ((h & 0x7fu) != 0));
 }
 
-/* x (k a multiple of 32) as hi + mid + lo, each bf16, in cpu_xq.xt's
+/* Where input i of x (k a multiple of 128) goes in cpu_xq.xt with P parts
+ * (cpu.h): group i / 128, tile n, position p, its pair p / 2 of the tile's
+ * 16 rows of 2 P words; part 0's word (part q's is q * 2 further). */
+static size_t xt_index(int i, int parts)
+{
+    const int g = i / 128, j = i % 128;
+    const int n = (j % 64) / 16, p = 16 * (j / 64) + j % 16;
+    return ((size_t)(4 * g + n) * 16 + (size_t)(p / 2)) * (size_t)(2 * parts) + (size_t)(p & 1);
+}
+
+/* x (k a multiple of 128) as hi + mid + lo, each bf16, in cpu_xq.xt's
  * order; 1 when every x is finite, every part zero or normal and the
  * parts x exactly.  Both subtractions are exact (each result is within
  * half a bf16 place of a number it is subtracted from, or subnormal), so
@@ -60,25 +70,23 @@ static uint32_t bf16_odd(uint16_t h)
 static int split3(const float *x, int k, uint16_t *xt)
 {
     uint32_t bad = 0;
-    for (int b = 0; b < k / 32; b++)
-        for (int j = 0; j < 32; j++) {
-            const float v = x[32 * b + j];
-            uint32_t u;
-            memcpy(&u, &v, 4);
-            /* (tested on x itself: a NaN's rounding can wrap to zero) */
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-            const uint16_t hi = bf16_rne(v);
-            const float r1 = v - bf16_val(hi);
-            const uint16_t mid = bf16_rne(r1);
-            const float r2 = r1 - bf16_val(mid);
-            const uint16_t lo = bf16_rne(r2);
-            /* pair j / 2 of the block, the input's parity */
-            uint16_t *row = xt + (size_t)b * 96 + (size_t)(j / 2) * 6 + (j & 1);
-            bad |= bf16_odd(hi) | bf16_odd(mid) | bf16_odd(lo) | (r2 != bf16_val(lo));
-            row[0] = hi;
-            row[2] = mid;
-            row[4] = lo;
-        }
+    for (int i = 0; i < k; i++) {
+        const float v = x[i];
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        /* (tested on x itself: a NaN's rounding can wrap to zero) */
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+        const uint16_t hi = bf16_rne(v);
+        const float r1 = v - bf16_val(hi);
+        const uint16_t mid = bf16_rne(r1);
+        const float r2 = r1 - bf16_val(mid);
+        const uint16_t lo = bf16_rne(r2);
+        uint16_t *row = xt + xt_index(i, 3);
+        bad |= bf16_odd(hi) | bf16_odd(mid) | bf16_odd(lo) | (r2 != bf16_val(lo));
+        row[0] = hi;
+        row[2] = mid;
+        row[4] = lo;
+    }
     return bad == 0;
 }
 
@@ -92,7 +100,7 @@ void cpu_prepare_x(const float *x, int k, cpu_xq *q)
         }
     q->k = k;
     q->bf16 = q->xb && k % 32 == 0 && bf16_exact(x, k);
-    q->f32 = q->x3 = 0;
+    q->f32 = q->x1 = q->x3 = 0;
     if (!q->bf16) {
         if (q->xe && k % 16 == 0) {
             for (int b = 0; b < k; b += 16)
@@ -101,7 +109,7 @@ void cpu_prepare_x(const float *x, int k, cpu_xq *q)
                     q->xe[b + 8 + j] = x[b + 2 * j + 1];
                 }
             q->f32 = 1;
-            if (q->xt && k % 32 == 0)
+            if (q->xt && k % 128 == 0)
                 q->x3 = split3(x, k, q->xt);
         }
         return;
@@ -110,5 +118,10 @@ void cpu_prepare_x(const float *x, int k, cpu_xq *q)
         uint32_t u;
         memcpy(&u, &x[i], 4);
         q->xb[i] = (uint16_t)(u >> 16);
+    }
+    if (q->xt && k % 128 == 0) {
+        for (int i = 0; i < k; i++)
+            q->xt[xt_index(i, 1)] = q->xb[i];
+        q->x1 = 1;
     }
 }

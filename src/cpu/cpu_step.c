@@ -34,12 +34,13 @@ static void *carve(carver *c, size_t bytes)
 
 /* x's floats in the xd layout; its bf16 words where xb (kernels with a
  * gemv_pairs_bf16), its floats in the xe layout where xe (kernels with a
- * gemv_pairs_f32), its three bf16 parts where xt (kernels with both a
+ * gemv_pairs_f32), its bf16 words or three bf16 parts in the AMX tiles'
+ * order where xt (kernels with a gemv_pairs_x1, or with both a
  * gemv_pairs_f32 and a gemv_pairs_x3). */
 static void carve_xq(carver *c, cpu_xq *q, int k, int xb, int xe, int xt)
 {
     q->k = k;
-    q->bf16 = q->f32 = q->x3 = 0;
+    q->bf16 = q->f32 = q->x1 = q->x3 = 0;
     q->xd = carve(c, (size_t)k * 2 * sizeof(float));
     q->xb = xb ? carve(c, (size_t)k * sizeof(uint16_t)) : NULL;
     q->xe = xe ? carve(c, (size_t)k * sizeof(float)) : NULL;
@@ -55,7 +56,8 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     const int T = cm->threads;
     const int xb = cm->kern->gemv_pairs_bf16 != NULL;
     const int xe = cm->kern->gemv_pairs_f32 != NULL;
-    const int xt = xe && cm->kern->gemv_pairs_x3 != NULL;
+    const int xt = (xb && cm->kern->gemv_pairs_x1 != NULL) ||
+                   (xe && cm->kern->gemv_pairs_x3 != NULL);
     if (!s)
         s = &dummy;
     carve(&c, sizeof(cpu_scratch));
