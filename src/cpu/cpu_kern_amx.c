@@ -102,13 +102,46 @@ amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
     *TB = (__m512i)_mm512_cvtne2ps_pbh(fb, fb);
 }
 
+/* Tile q of a group's work: its A tile from the rows at a (the group's
+ * lookups), x's B tile q at xg, their products added to C tile q. */
+static inline __attribute__((always_inline)) void
+amx_tile_step(int q, const uint16_t (*a)[16][32], const uint16_t *xg, size_t xs, int xstride)
+{
+    switch (q) {
+    case 0:
+        _tile_loadd(4, a[0], 64);
+        _tile_loadd(6, xg, xstride);
+        _tile_dpbf16ps(0, 4, 6);
+        break;
+    case 1:
+        _tile_loadd(5, a[1], 64);
+        _tile_loadd(7, xg + xs, xstride);
+        _tile_dpbf16ps(1, 5, 7);
+        break;
+    case 2:
+        _tile_loadd(4, a[2], 64);
+        _tile_loadd(6, xg + 2 * xs, xstride);
+        _tile_dpbf16ps(2, 4, 6);
+        break;
+    default:
+        _tile_loadd(5, a[3], 64);
+        _tile_loadd(7, xg + 3 * xs, xstride);
+        _tile_dpbf16ps(3, 5, 7);
+        break;
+    }
+}
+
 /* y[0 .. 16) = the 16 columns of the 8 pairs at ta (pair stride ps) times
- * x (B tiles at xt, 16 * 2 * parts words per 32 inputs). */
+ * x (B tiles at xt, 16 * 2 * parts words per 32 inputs).  The tile work
+ * of a group is issued one tile at a time among the next group's lookups,
+ * after every second pair: issued together after the group's lookups, it
+ * added to their time rather than overlapping it (11 % more a GEMV in a
+ * harness, docs/PERFORMANCE.md). */
 static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *xt,
                       int parts, float *y)
 {
-    /* two sets of A rows, so that a group's lookups need not wait for the
-     * tile loads of the group before */
+    /* two sets of A rows: a group's lookups fill one while the tile loads
+     * of the group before read the other */
     _Alignas(64) uint16_t abuf[2][4][16][32];
     _Alignas(64) float cs[4][16][4];
     const size_t xs = (size_t)32 * (size_t)parts;  /* words of x per 32 inputs */
@@ -133,8 +166,12 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
                              ((size_t)g * AMX_PAIRS + (size_t)j) * CPU_TILE_BYTES;
             _mm_prefetch(pf, _MM_HINT_T0);
             _mm_prefetch(pf + 64, _MM_HINT_T0);
-            if (j & 1)
+            if (j & 1) {
                 _mm_prefetch(pf + 128, _MM_HINT_T0);
+                if (g > 0)
+                    amx_tile_step(j >> 1, (const uint16_t(*)[16][32])abuf[(g - 1) & 1],
+                                  xt + (size_t)4 * (size_t)(g - 1) * xs, xs, xstride);
+            }
             __m512i T[2];
             amx_tables(t, &T[0], &T[1]);
             for (int h = 0; h < 2; h++) {
@@ -150,20 +187,10 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
                                    _mm512_permutexvar_epi16(_mm512_srli_epi16(r1, 4), T[h]));
             }
         }
-        const uint16_t *xg = xt + (size_t)4 * (size_t)g * xs;
-        _tile_loadd(4, buf[0], 64);
-        _tile_loadd(6, xg, xstride);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(5, buf[1], 64);
-        _tile_loadd(7, xg + xs, xstride);
-        _tile_dpbf16ps(1, 5, 7);
-        _tile_loadd(4, buf[2], 64);
-        _tile_loadd(6, xg + 2 * xs, xstride);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(5, buf[3], 64);
-        _tile_loadd(7, xg + 3 * xs, xstride);
-        _tile_dpbf16ps(3, 5, 7);
     }
+    for (int q = 0; q < 4; q++)
+        amx_tile_step(q, (const uint16_t(*)[16][32])abuf[(groups - 1) & 1],
+                      xt + (size_t)4 * (size_t)(groups - 1) * xs, xs, xstride);
     _tile_stored(0, cs[0], 16);
     _tile_stored(1, cs[1], 16);
     _tile_stored(2, cs[2], 16);
