@@ -105,7 +105,7 @@ amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
 /* Tile q of a group's work: its A tile from the rows at a (the group's
  * lookups), x's B tile q at xg, their products added to C tile q. */
 static inline __attribute__((always_inline)) void
-amx_tile_step(int q, const uint16_t (*a)[16][32], const uint16_t *xg, size_t xs, int xstride)
+amx_tile_step(int q, uint16_t (*a)[16][32], const uint16_t *xg, size_t xs, int xstride)
 {
     switch (q) {
     case 0:
@@ -169,7 +169,7 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
             if (j & 1) {
                 _mm_prefetch(pf + 128, _MM_HINT_T0);
                 if (g > 0)
-                    amx_tile_step(j >> 1, (const uint16_t(*)[16][32])abuf[(g - 1) & 1],
+                    amx_tile_step(j >> 1, abuf[(g - 1) & 1],
                                   xt + (size_t)4 * (size_t)(g - 1) * xs, xs, xstride);
             }
             __m512i T[2];
@@ -189,7 +189,7 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
         }
     }
     for (int q = 0; q < 4; q++)
-        amx_tile_step(q, (const uint16_t(*)[16][32])abuf[(groups - 1) & 1],
+        amx_tile_step(q, abuf[(groups - 1) & 1],
                       xt + (size_t)4 * (size_t)(groups - 1) * xs, xs, xstride);
     _tile_stored(0, cs[0], 16);
     _tile_stored(1, cs[1], 16);
