@@ -780,15 +780,15 @@ END_TEST
 #ifdef HD_CPU_HAVE_AMX
 /* Where input k of x lies in cpu_xq.xt with P parts (cpu.h), found by
  * walking its group's tiles in their order: group g, tile n, position p
- * holds input 128 g + 64 (p / 16) + 16 n + p % 16, at pair p / 2 of the
- * tile's 16 rows of 2 P words. */
+ * holds input 128 g + 64 (p / 16) + 16 n + p % 16, in row p / 2 of the
+ * group's 16 rows of 4 tiles x 2 P words. */
 static size_t amx_x_at(int k, int parts)
 {
     const int g = k / 128;
     for (int n = 0; n < 4; n++)
         for (int p = 0; p < 32; p++)
             if (128 * g + 64 * (p / 16) + 16 * n + p % 16 == k)
-                return ((size_t)(4 * g + n) * 16 + (size_t)(p / 2)) * (size_t)(2 * parts) +
+                return ((size_t)(16 * g + p / 2) * 4 + (size_t)n) * (size_t)(2 * parts) +
                        (size_t)(p & 1);
     ck_abort_msg("input %d not in any tile", k);
     return 0;

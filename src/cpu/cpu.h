@@ -113,9 +113,13 @@ typedef struct cpu_qmat {
  * multiple of 128, x also in the order of their tiles: per group of 128
  * inputs four tiles of 32, position p of tile n holding input 64 (p / 16)
  * + 16 n + p % 16 of the group (the order in which the kernel looks the
- * sliced weights up), each tile 16 rows of an input pair (positions 2r,
- * 2r + 1) and P parts: the words part0(2r) part0(2r + 1) part1(2r) ...
- * (32 P words a tile).  A bf16 x as its words (P = 1; x1 says whether xt
+ * sliced weights up), as one B tile a group: 16 rows, row r holding the
+ * input pair at positions 2r, 2r + 1 of each tile n = 0 .. 3 in turn, P
+ * parts each: the words part0(2r) part0(2r + 1) part1(2r) ... of tile 0,
+ * then of tile 1 ... (8 P words a row, 128 P a group).  The tile unit
+ * multiplies each A tile by all four tiles' columns and the kernel keeps
+ * the products of the matching ones, so that a group's x takes one tile
+ * load.  A bf16 x as its words (P = 1; x1 says whether xt
  * holds them, set with bf16).  Any other x as three bf16 parts, hi + mid
  * + lo = x exactly (P = 3; x3 says whether xt holds them): only where
  * every x is finite and every part normal or zero (the tile unit reads a

@@ -25,12 +25,16 @@
  * (docs/PERFORMANCE.md).  The table is the column's 16 weights in both
  * halves, so the bit above each nibble, which a 32-entry vpermw also
  * reads, does not matter.  Position p of tile n is thus input 64 (p / 16)
- * + 16 n + p % 16 of the group, and x's B tiles are in that order
- * (cpu_xq.xt, made by cpu_prepare_x): 16 rows (input pairs) of one column
- * for a bf16 x (cpu_xq.x1) or three for an fp32 x (hi, mid, lo:
- * cpu_xq.x3), and TDPBF16PS adds the 16 x 32 products of each column and
- * part into the block's C tile (one per tile of the group, so four
- * chains).  The four C tiles and the parts are summed at the block's end.
+ * + 16 n + p % 16 of the group, and x is in that order (cpu_xq.xt, made
+ * by cpu_prepare_x) as one B tile a group: 16 rows (input pairs) of one
+ * column per A tile for a bf16 x (cpu_xq.x1) or three for an fp32 x (hi,
+ * mid, lo: cpu_xq.x3).  TDPBF16PS multiplies A tile n by the whole B tile
+ * into C tile n (one per tile of the group, so four chains), whose columns
+ * of tile n are the ones kept: the tile unit's time does not depend on the
+ * columns, and a tile load costs about as much as a TDPBF16PS, so loading
+ * x once a group instead of once an A tile made the GEMV 15-18 % faster
+ * (docs/PERFORMANCE.md).  The C tiles and the parts are summed at the
+ * block's end.
  *
  * Exactness, as for vdpbf16ps (cpu_kern_avx512bf16.c): the weights are the
  * exact bf16 words bf((v - z) * s) (tables by vcvtne2ps2bf16, used only
@@ -63,8 +67,11 @@ typedef struct amx_config {
     uint8_t rows[16];
 } amx_config;
 
-/* Tiles 0-3: the C sums (16 columns x parts fp32); 4, 5: A (16 columns x
- * 32 bf16 weights); 6, 7: B (16 input pairs x parts). */
+/* Tiles 0-3: the C sums of the group's four A tiles (16 columns x 4 P
+ * fp32: the products of A tile q with x's four B columns q P .. q P + P -
+ * 1 of the group, of which C tile q uses only its own); 4, 5: A (16
+ * columns x 32 bf16 weights); 6, 7: B, one a group, alternating (16 input
+ * pairs x 4 tiles x P parts). */
 static void amx_configure(int parts)
 {
     amx_config c;
@@ -72,7 +79,7 @@ static void amx_configure(int parts)
     c.palette = 1;
     for (int i = 0; i < 8; i++) {
         c.rows[i] = 16;
-        c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 4 * parts);
+        c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 16 * parts);
     }
     _tile_loadconfig(&c);
 }
@@ -102,34 +109,33 @@ amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
     *TB = (__m512i)_mm512_cvtne2ps_pbh(fb, fb);
 }
 
-/* Tile q of a group's work: its A tile from the rows at a (the group's
- * lookups), x's B tile q at xg, their products added to C tile q. */
+/* Step s of a group's tile work, s = 4 b + q: A tile q from the rows at a
+ * (the group's lookups) times the group's B tile (6 + b, loaded from xg at
+ * q = 0: x for all four A tiles, P columns each) added to C tile q.  The
+ * tile numbers are immediates, hence the cases. */
+#define AMX_STEP(S, Q, AT, BT)                                               \
+    case S:                                                                  \
+        if ((Q) == 0)                                                        \
+            _tile_loadd(BT, xg, xstride);                                    \
+        _tile_loadd(AT, a[Q], 64);                                           \
+        _tile_dpbf16ps(Q, AT, BT);                                           \
+        break;
 static inline __attribute__((always_inline)) void
-amx_tile_step(int q, uint16_t (*a)[16][32], const uint16_t *xg, size_t xs, int xstride)
+amx_tile_step(int s, uint16_t (*a)[16][32], const uint16_t *xg, int xstride)
 {
-    switch (q) {
-    case 0:
-        _tile_loadd(4, a[0], 64);
-        _tile_loadd(6, xg, xstride);
-        _tile_dpbf16ps(0, 4, 6);
-        break;
-    case 1:
-        _tile_loadd(5, a[1], 64);
-        _tile_loadd(7, xg + xs, xstride);
-        _tile_dpbf16ps(1, 5, 7);
-        break;
-    case 2:
-        _tile_loadd(4, a[2], 64);
-        _tile_loadd(6, xg + 2 * xs, xstride);
-        _tile_dpbf16ps(2, 4, 6);
-        break;
+    switch (s) {
+    AMX_STEP(0, 0, 4, 6)
+    AMX_STEP(1, 1, 5, 6)
+    AMX_STEP(2, 2, 4, 6)
+    AMX_STEP(3, 3, 5, 6)
+    AMX_STEP(4, 0, 4, 7)
+    AMX_STEP(5, 1, 5, 7)
+    AMX_STEP(6, 2, 4, 7)
     default:
-        _tile_loadd(5, a[3], 64);
-        _tile_loadd(7, xg + 3 * xs, xstride);
-        _tile_dpbf16ps(3, 5, 7);
-        break;
+    AMX_STEP(7, 3, 5, 7)
     }
 }
+#undef AMX_STEP
 
 /* y[0 .. 16) = the 16 columns of the 8 pairs at ta (pair stride ps) times
  * x (B tiles at xt, 16 * 2 * parts words per 32 inputs).  The tile work
@@ -143,9 +149,9 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
     /* two sets of A rows: a group's lookups fill one while the tile loads
      * of the group before read the other */
     _Alignas(64) uint16_t abuf[2][4][16][32];
-    _Alignas(64) float cs[4][16][4];
-    const size_t xs = (size_t)32 * (size_t)parts;  /* words of x per 32 inputs */
-    const int xstride = 4 * parts;
+    _Alignas(64) float cs[4][16][12];
+    const size_t xs = (size_t)128 * (size_t)parts; /* words of x a group */
+    const int xstride = 16 * parts;
 
     _tile_zero(0);
     _tile_zero(1);
@@ -169,8 +175,8 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
             if (j & 1) {
                 _mm_prefetch(pf + 128, _MM_HINT_T0);
                 if (g > 0)
-                    amx_tile_step(j >> 1, abuf[(g - 1) & 1],
-                                  xt + (size_t)4 * (size_t)(g - 1) * xs, xs, xstride);
+                    amx_tile_step(4 * ((g - 1) & 1) + (j >> 1), abuf[(g - 1) & 1],
+                                  xt + (size_t)(g - 1) * xs, xstride);
             }
             __m512i T[2];
             amx_tables(t, &T[0], &T[1]);
@@ -189,16 +195,17 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
         }
     }
     for (int q = 0; q < 4; q++)
-        amx_tile_step(q, abuf[(groups - 1) & 1],
-                      xt + (size_t)4 * (size_t)(groups - 1) * xs, xs, xstride);
-    _tile_stored(0, cs[0], 16);
-    _tile_stored(1, cs[1], 16);
-    _tile_stored(2, cs[2], 16);
-    _tile_stored(3, cs[3], 16);
+        amx_tile_step(4 * ((groups - 1) & 1) + q, abuf[(groups - 1) & 1],
+                      xt + (size_t)(groups - 1) * xs, xstride);
+    _tile_stored(0, cs[0], 48);
+    _tile_stored(1, cs[1], 48);
+    _tile_stored(2, cs[2], 48);
+    _tile_stored(3, cs[3], 48);
     for (int c = 0; c < 16; c++) {
         float s = 0.0f;
         for (int n = parts - 1; n >= 0; n--)  /* lo, mid, then hi */
-            s += (cs[0][c][n] + cs[1][c][n]) + (cs[2][c][n] + cs[3][c][n]);
+            s += (cs[0][c][n] + cs[1][c][parts + n]) +
+                 (cs[2][c][2 * parts + n] + cs[3][c][3 * parts + n]);
         y[c] = s;
     }
 }

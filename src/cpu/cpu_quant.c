@@ -49,13 +49,13 @@ static uint32_t bf16_odd(uint16_t h)
 }
 
 /* Where input i of x (k a multiple of 128) goes in cpu_xq.xt with P parts
- * (cpu.h): group i / 128, tile n, position p, its pair p / 2 of the tile's
- * 16 rows of 2 P words; part 0's word (part q's is q * 2 further). */
+ * (cpu.h): group i / 128, tile n, position p: row p / 2 of the group's 16,
+ * tile n's 2 P words in it; part 0's word (part q's is q * 2 further). */
 static size_t xt_index(int i, int parts)
 {
     const int g = i / 128, j = i % 128;
     const int n = (j % 64) / 16, p = 16 * (j / 64) + j % 16;
-    return ((size_t)(4 * g + n) * 16 + (size_t)(p / 2)) * (size_t)(2 * parts) + (size_t)(p & 1);
+    return ((size_t)(16 * g + p / 2) * 4 + (size_t)n) * (size_t)(2 * parts) + (size_t)(p & 1);
 }
 
 /* x (k a multiple of 128) as hi + mid + lo, each bf16, in cpu_xq.xt's
