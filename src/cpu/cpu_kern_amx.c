@@ -174,13 +174,15 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
              * time, strides the hardware prefetcher did not follow:
              * prefetching each stream a few groups ahead instead left a
              * core at 6.5 GB/s with the weights cold, this at 10.5
-             * (against 8-9.6 for the avx512bf16 kernels). */
+             * (against 8-9.6 for the avx512bf16 kernels).  Into L2 only
+             * (T1): a block of K = 4096 is 35 KB, most of L1, and the
+             * GEMV with its weights cold took 4-9 % longer with T0. */
             const char *pf = (const char *)ta + (size_t)AMX_PAIRS * ps +
                              ((size_t)g * AMX_PAIRS + (size_t)j) * CPU_TILE_BYTES;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf, _MM_HINT_T1);
+            _mm_prefetch(pf + 64, _MM_HINT_T1);
             if (j & 1) {
-                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T1);
                 if (g > 0)
                     amx_tile_step(4 * ((g - 1) & 1) + (j >> 1), abuf[(g - 1) & 1],
                                   xt + (size_t)(g - 1) * xs, xstride);
