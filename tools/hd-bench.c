@@ -314,9 +314,17 @@ static int run_gemv(const bench_config *c)
          * (below), as a step's normed inputs are, so kernels with a bf16
          * GEMV use its words; with --x32 x is fp32 (24 significant bits),
          * as the down and W_v inputs are */
+        /* the layouts a step gives the kernels (cpu_step.c's carve_xq):
+         * bf16 words, xe floats and the tiles' order only for kernels that
+         * take them, since cpu_prepare_x writes the xd floats only for an
+         * x that none of those will carry */
+        const int has_xb = kern->gemv_pairs_bf16 != NULL, has_xe = kern->gemv_pairs_f32 != NULL;
+        const int has_xt = (has_xb && kern->gemv_pairs_x1 != NULL) ||
+                           (has_xe && kern->gemv_pairs_x3 != NULL);
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
-                      malloc((size_t)K * sizeof(uint16_t)), malloc((size_t)K * sizeof(float)),
-                      malloc((size_t)K * 3 * sizeof(uint16_t)), K, 0, 0, 0, 0 };
+                      has_xb ? malloc((size_t)K * sizeof(uint16_t)) : NULL,
+                      has_xe ? malloc((size_t)K * sizeof(float)) : NULL,
+                      has_xt ? malloc((size_t)K * 3 * sizeof(uint16_t)) : NULL, K, 0, 0, 0, 0 };
         uint32_t rng = 12345u + (uint32_t)sh;
         size_t bytes, per;
         int copies;
@@ -325,7 +333,8 @@ static int run_gemv(const bench_config *c)
         uint64_t sink = 0;
         int *ctr;
 
-        if (!w_q || !sc || !ze || !x || !y || !xq.xd || !xq.xb || !xq.xe || !xq.xt ||
+        if (!w_q || !sc || !ze || !x || !y || !xq.xd || (has_xb && !xq.xb) || (has_xe && !xq.xe) ||
+            (has_xt && !xq.xt) ||
             cpu_qmat_alloc(&proto, K, N, 1, kern->layout) != HD_OK) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;

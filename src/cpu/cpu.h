@@ -123,9 +123,14 @@ typedef struct cpu_qmat {
  * holds them, set with bf16).  Any other x as three bf16 parts, hi + mid
  * + lo = x exactly (P = 3; x3 says whether xt holds them): only where
  * every x is finite and every part normal or zero (the tile unit reads a
- * subnormal bf16 as zero), and xe holds x too (the kernel's fallback). */
+ * subnormal bf16 as zero), and xe holds x too (the kernel's fallback).
+ *
+ * xd holds x only where neither bf16 nor f32 is set (cpu_prepare_x skips
+ * the work otherwise), so xb and xe must be NULL for kernels without a
+ * gemv_pairs_bf16 and a gemv_pairs_f32 respectively, as the step's
+ * scratch has them (cpu_step.c), or such kernels would read stale xd. */
 typedef struct cpu_xq {
-    float *xd;                      /* [2k] */
+    float *xd;                      /* [2k] (see above: not always x) */
     uint16_t *xb;                   /* [k] or NULL */
     float *xe;                      /* [k] or NULL */
     uint16_t *xt;                   /* [3k] or NULL */
@@ -299,11 +304,12 @@ static inline cpu_job cpu_job_of(const cpu_qmat *m, int j, const cpu_xq *x,
 }
 
 /* ---- cpu_quant.c ---- */
-/* Lays x out for the kernels (k a multiple of 8); also as bf16 words (and
+/* Lays x out for the kernels (k a multiple of 8): as bf16 words (and
  * q->bf16 = 1) when q->xb is not NULL, k is a multiple of 32 and every
  * x[i] is a bf16 value that is normal or zero (vdpbf16ps treats subnormal
  * inputs as zero); else, when q->xe is not NULL and k is a multiple of
- * 16, in the xe layout (and q->f32 = 1). */
+ * 16, in the xe layout (and q->f32 = 1); else in the xd layout.  Also in
+ * xt's order where that applies (cpu_xq). */
 void cpu_prepare_x(const float *x, int k, cpu_xq *q);
 
 /* ---- cpu_gemv.c ---- */
