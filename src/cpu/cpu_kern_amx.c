@@ -32,7 +32,7 @@
  * into C tile n (one per tile of the group, so four chains), whose columns
  * of tile n are the ones kept: the tile unit's time does not depend on the
  * columns, and a tile load costs about as much as a TDPBF16PS, so loading
- * x once a group instead of once an A tile made the GEMV 15-18 % faster
+ * x once a group instead of once an A tile took 16-21 % off the GEMV
  * (docs/PERFORMANCE.md).  The C tiles and the parts are summed at the
  * block's end.
  *
