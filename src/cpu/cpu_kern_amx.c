@@ -67,6 +67,18 @@ typedef struct amx_config {
     uint8_t rows[16];
 } amx_config;
 
+/* LDTILECFG from c.  GCC 12 takes the intrinsic to read only the first
+ * byte of its operand: with the rest of a local configuration unread as
+ * far as it knows, it may drop the stores of the rows and column widths
+ * (it did in a function written like amx_configure: the tiles configured
+ * with no rows, then TILEZERO raising SIGILL).  The empty asm reads all
+ * 64 bytes, so the stores stay. */
+static inline __attribute__((always_inline)) void amx_load_config(const amx_config *c)
+{
+    __asm__ volatile("" : : "m"(*c));
+    _tile_loadconfig(c);
+}
+
 /* Tiles 0-3: the C sums of the group's four A tiles (16 columns x 4 P
  * fp32: the products of A tile q with x's four B columns q P .. q P + P -
  * 1 of the group, of which C tile q uses only its own); 4, 5: A (16
@@ -74,14 +86,14 @@ typedef struct amx_config {
  * pairs x 4 tiles x P parts). */
 static void amx_configure(int parts)
 {
-    amx_config c;
+    _Alignas(64) amx_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 8; i++) {
         c.rows[i] = 16;
         c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 16 * parts);
     }
-    _tile_loadconfig(&c);
+    amx_load_config(&c);
 }
 
 /* The two columns' tables of tile t, each column's 16 exact bf16 weights
