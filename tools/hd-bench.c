@@ -314,13 +314,10 @@ static int run_gemv(const bench_config *c)
          * (below), as a step's normed inputs are, so kernels with a bf16
          * GEMV use its words; with --x32 x is fp32 (24 significant bits),
          * as the down and W_v inputs are */
-        /* the layouts a step gives the kernels (cpu_step.c's carve_xq):
-         * bf16 words, xe floats and the tiles' order only for kernels that
-         * take them, since cpu_prepare_x writes the xd floats only for an
-         * x that none of those will carry */
-        const int has_xb = kern->gemv_pairs_bf16 != NULL, has_xe = kern->gemv_pairs_f32 != NULL;
-        const int has_xt = (has_xb && kern->gemv_pairs_x1 != NULL) ||
-                           (has_xe && kern->gemv_pairs_x3 != NULL);
+        /* the layouts a step gives the kernels (cpu_prepare_x writes the
+         * xd floats only for an x that none of the others carries) */
+        int has_xb, has_xe, has_xt;
+        cpu_xq_layouts(kern, &has_xb, &has_xe, &has_xt);
         cpu_xq xq = { malloc((size_t)K * 2 * sizeof(float)),
                       has_xb ? malloc((size_t)K * sizeof(uint16_t)) : NULL,
                       has_xe ? malloc((size_t)K * sizeof(float)) : NULL,

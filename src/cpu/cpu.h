@@ -221,6 +221,17 @@ void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int grou
                                   const float *xd, float *y);
 #endif
 
+/* Which of x's layouts (cpu_xq) are kept for the kernels kern: its bf16
+ * words and its xe floats only for kernels with a GEMV for them (the xd
+ * floats stand for them otherwise, cpu_prepare_x), the tiles' order only
+ * for kernels with an AMX GEMV of either. */
+static inline void cpu_xq_layouts(const cpu_kernels *kern, int *xb, int *xe, int *xt)
+{
+    *xb = kern->gemv_pairs_bf16 != NULL;
+    *xe = kern->gemv_pairs_f32 != NULL;
+    *xt = (*xb && kern->gemv_pairs_x1 != NULL) || (*xe && kern->gemv_pairs_x3 != NULL);
+}
+
 /* Columns of pairs [p0, p1) times x: from x's bf16 words where the kernels
  * have a kernel for them and x is bf16-exact (in xt's order where the
  * kernels take that and x has it), else from its three parts or its xe

@@ -154,7 +154,7 @@ amx_tile_step(int s, uint16_t (*a)[16][32], const uint16_t *xg, int xstride)
 #undef AMX_STEP
 
 /* y[0 .. 16) = the 16 columns of the 8 pairs at ta (pair stride ps) times
- * x (B tiles at xt, 16 * 2 * parts words per 32 inputs).  The tile work
+ * x (at xt: one B tile a group, 128 * parts words).  The tile work
  * of a group is issued one tile at a time among the next group's lookups,
  * after every second pair: issued together after the group's lookups, it
  * added to their time rather than overlapping it (11 % more a GEMV in a

@@ -54,10 +54,8 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     carver c = { base, 0 };
     cpu_scratch dummy;
     const int T = cm->threads;
-    const int xb = cm->kern->gemv_pairs_bf16 != NULL;
-    const int xe = cm->kern->gemv_pairs_f32 != NULL;
-    const int xt = (xb && cm->kern->gemv_pairs_x1 != NULL) ||
-                   (xe && cm->kern->gemv_pairs_x3 != NULL);
+    int xb, xe, xt;
+    cpu_xq_layouts(cm->kern, &xb, &xe, &xt);
     if (!s)
         s = &dummy;
     carve(&c, sizeof(cpu_scratch));
