@@ -16,6 +16,8 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -447,6 +449,115 @@ START_TEST(test_dot_f64)
                           n, have, want);
         }
         printf("dot_bf16_f64 %s: ok\n", ISA[isa]);
+    }
+}
+END_TEST
+
+/* cpu_sweep_next, the scheduling of a sweep's chunks: for 1 to 5 threads
+ * and several chunk counts, under three orders of the threads' calls (in
+ * turn, one thread alone, random), every chunk is handed out exactly
+ * once; a thread gets its own run's chunks first and in order, and then
+ * other runs' from their back (each run's in decreasing order).  Then
+ * real threads race for 1000 chunks, 200 times. */
+#define SWEEP_MAXT 5
+#define SWEEP_MAXC 81
+static void sweep_order(int nt, size_t nchunks, int order, uint32_t *rng)
+{
+    uint64_t runs[SWEEP_MAXT] = { 0 };
+    int seen[SWEEP_MAXC] = { 0 }, done[SWEEP_MAXT] = { 0 }, left = nt;
+    size_t last_own[SWEEP_MAXT], last_other[SWEEP_MAXT][SWEEP_MAXT];
+    int stole[SWEEP_MAXT] = { 0 };
+    size_t handed = 0;
+    for (int t = 0; t < nt; t++) {
+        last_own[t] = SIZE_MAX;
+        for (int r = 0; r < nt; r++)
+            last_other[t][r] = SIZE_MAX;
+    }
+    for (int step = 0; left > 0; step++) {
+        int t;
+        size_t c;
+        if (order == 0)
+            t = step % nt;
+        else if (order == 1)
+            t = done[0] ? step % nt : 0;
+        else
+            t = (int)((*rng = *rng * 1664525u + 1013904223u) >> 16) % nt;
+        if (done[t])
+            continue;
+        if (!cpu_sweep_next(runs, nchunks, t, nt, &c)) {
+            done[t] = 1;
+            left--;
+            continue;
+        }
+        ck_assert_msg(c < nchunks, "chunk %zu of %zu", c, nchunks);
+        ck_assert_msg(!seen[c], "chunk %zu handed out twice (nt %d, %zu chunks, order %d)", c,
+                      nt, nchunks, order);
+        seen[c] = 1;
+        handed++;
+        int run = -1;
+        for (int q = 0; q < nt; q++)
+            if (c >= nchunks * (size_t)q / (size_t)nt && c < nchunks * (size_t)(q + 1) / (size_t)nt)
+                run = q;
+        ck_assert_int_ge(run, 0);
+        if (run == t) {
+            ck_assert_msg(!stole[t], "thread %d took chunk %zu of its own run after stealing", t, c);
+            ck_assert_msg(last_own[t] == SIZE_MAX ? c == nchunks * (size_t)t / (size_t)nt
+                                                  : c == last_own[t] + 1,
+                          "thread %d: own chunk %zu out of order", t, c);
+            last_own[t] = c;
+        } else {
+            stole[t] = 1;
+            ck_assert_msg(last_other[t][run] == SIZE_MAX || c < last_other[t][run],
+                          "thread %d: chunk %zu of run %d not from its back", t, c, run);
+            last_other[t][run] = c;
+        }
+    }
+    ck_assert_msg(handed == nchunks, "%zu of %zu chunks handed out", handed, nchunks);
+}
+
+typedef struct sweep_race {
+    uint64_t *runs;
+    int *count;
+    size_t nchunks;
+    int t, nt;
+} sweep_race;
+
+static void *sweep_racer(void *arg)
+{
+    sweep_race *a = arg;
+    size_t c;
+    while (cpu_sweep_next(a->runs, a->nchunks, a->t, a->nt, &c))
+        __atomic_add_fetch(&a->count[c], 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+START_TEST(test_sweep_next)
+{
+    static const size_t counts[] = { 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 80, 81 };
+    uint32_t rng = 99u;
+    for (int nt = 1; nt <= SWEEP_MAXT; nt++)
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            for (int order = 0; order < 3; order++)
+                sweep_order(nt, counts[i], order, &rng);
+    for (int nt = 2; nt <= 4; nt += 2) {
+        enum { NC = 1000 };
+        static int count[NC];
+        uint64_t runs[4];
+        pthread_t th[4];
+        sweep_race a[4];
+        for (int rep = 0; rep < 200; rep++) {
+            memset(count, 0, sizeof count);
+            memset(runs, 0, sizeof runs);
+            for (int t = 0; t < nt; t++) {
+                a[t] = (sweep_race){ runs, count, NC, t, nt };
+                ck_assert_int_eq(pthread_create(&th[t], NULL, sweep_racer, &a[t]), 0);
+            }
+            for (int t = 0; t < nt; t++)
+                pthread_join(th[t], NULL);
+            for (int c = 0; c < NC; c++)
+                ck_assert_msg(count[c] == 1, "%d threads: chunk %d handed out %d times", nt, c,
+                              count[c]);
+        }
     }
 }
 END_TEST
@@ -1019,6 +1130,7 @@ int main(void)
     tcase_add_test(tc, test_isa_choice);
 #ifdef HD_HAVE_CPU_BACKEND
     tcase_add_test(tc, test_dot_f64);
+    tcase_add_test(tc, test_sweep_next);
     tcase_add_test(tc, test_qmat_normal);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16

@@ -328,7 +328,7 @@ static int run_gemv(const bench_config *c)
         uint8_t *all;
         double best_g = 1e30, best_r = 1e30;
         uint64_t sink = 0;
-        int *ctr;
+        uint64_t *ctr; /* [copies][threads]: each copy's run words */
 
         if (!w_q || !sc || !ze || !x || !y || !xq.xd || (has_xb && !xq.xb) || (has_xe && !xq.xe) ||
             (has_xt && !xq.xt) ||
@@ -358,37 +358,38 @@ static int run_gemv(const bench_config *c)
         }
         for (int i = 0; i < copies; i++)
             memcpy(all + (size_t)i * per, proto.tiles, proto.member_tiles * CPU_TILE_BYTES);
-        ctr = calloc((size_t)copies, sizeof *ctr);
+        ctr = calloc((size_t)copies * (size_t)threads, sizeof *ctr);
         if (!ctr) {
             fprintf(stderr, "hd-bench: out of memory\n");
             return 1;
         }
         /* Both loops run as one parallel region over the copies, with the
          * step's scheduling: each copy cut into the same chunks of column
-         * pairs, taken from a counter, and a cpu_barrier after each copy
+         * pairs, handed out by cpu_sweep_next, and a cpu_barrier after each copy
          * (as after each sweep of a step); the read sums the chunk's bytes
          * instead of multiplying them.  So the ratio compares the kernel
          * with memory, not two ways of sharing the work. */
         for (int rep = 0; rep < 4; rep++) {
             double t0 = now_s(), dt;
             cpu_bar bar = { 0, 0, 0 };
-            memset(ctr, 0, (size_t)copies * sizeof *ctr);
+            memset(ctr, 0, (size_t)copies * (size_t)threads * sizeof *ctr);
 #pragma omp parallel num_threads(threads)
             for (int i = 0; i < copies; i++) {
                 cpu_job job = { all + (size_t)i * per, proto.pairs, proto.groups, &xq, 0,
                                 proto.normal };
-                cpu_gemv_multi(kern, &job, 1, y, &ctr[i], &bar);
+                cpu_gemv_multi(kern, &job, 1, y, ctr + (size_t)i * (size_t)threads, &bar);
             }
             dt = (now_s() - t0) / copies;
             if (dt < best_g)
                 best_g = dt;
-            memset(ctr, 0, (size_t)copies * sizeof *ctr);
+            memset(ctr, 0, (size_t)copies * (size_t)threads * sizeof *ctr);
             t0 = now_s();
 #pragma omp parallel num_threads(threads)
             {
-                int nt = 1;
+                int t = 0, nt = 1;
                 uint64_t s = 0;
 #ifdef _OPENMP
+                t = omp_get_thread_num();
                 nt = omp_get_num_threads();
 #endif
                 for (int i = 0; i < copies; i++) {
@@ -396,11 +397,10 @@ static int run_gemv(const bench_config *c)
                     const size_t total = (size_t)proto.pairs;
                     const size_t pair_bytes = (size_t)proto.groups * CPU_TILE_BYTES;
                     const size_t chunk = cpu_gemv_chunk(total, nt);
-                    for (;;) {
-                        size_t k = (size_t)__atomic_fetch_add(&ctr[i], 1, __ATOMIC_RELAXED);
+                    size_t k;
+                    while (cpu_sweep_next(ctr + (size_t)i * (size_t)threads,
+                                          (total + chunk - 1) / chunk, t, nt, &k)) {
                         size_t lo = k * chunk, hi = lo + chunk < total ? lo + chunk : total;
-                        if (lo >= total)
-                            break;
                         s += hd_host_read_sum((const uint64_t *)(const void *)(p + lo * pair_bytes),
                                         (hi - lo) * pair_bytes / 8);
                     }

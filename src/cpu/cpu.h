@@ -336,17 +336,24 @@ typedef struct cpu_bar {
 void cpu_barrier(cpu_bar *b, int nt);
 
 /* Runs the jobs inside a parallel region (every thread of the team calls
- * it with the same jobs, the same counter, zeroed before the region, and
- * the same barrier): the column pairs of all jobs are cut into chunks that
- * the threads take in turn from *ctr, so that a thread the OS preempts
- * holds up only its chunk.  Ends with cpu_barrier(bar) when bar is not
- * NULL (nothing to wait for with one thread). */
+ * it with the same jobs, the same run words, one per thread of the team,
+ * zeroed before the region, and the same barrier): the column pairs of
+ * all jobs are cut into chunks, and the chunks into one run per thread
+ * (cpu_sweep_next), so that a thread the OS preempts holds up only the
+ * chunk it is in.  Ends with cpu_barrier(bar) when bar is not NULL
+ * (nothing to wait for with one thread). */
 void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
-                    float *y, int *ctr, cpu_bar *bar);
+                    float *y, uint64_t *runs, cpu_bar *bar);
+/* The next chunk of a sweep of nchunks chunks for thread t of nt: chunk
+ * c of run r = [nchunks r / nt, nchunks (r + 1) / nt).  Thread t takes its
+ * own run's chunks from the front, in order, then the other runs' from
+ * their back, run t + 1 first; runs[r] (zeroed before the sweep) counts
+ * the chunks taken from each end.  Every chunk is handed out once; 0 when
+ * none is left. */
+int cpu_sweep_next(uint64_t *runs, size_t nchunks, int t, int nt, size_t *chunk);
 /* Column pairs per chunk of a sweep of `pairs` pairs over nt threads: about
  * 8 chunks per thread, enough to even out a slow thread, few enough that
- * the counter (a cache line the threads pass around) and the restart of
- * the hardware prefetcher at each chunk stay cheap; a multiple of 8, so
+ * the run words (cache lines the threads share) stay cheap; a multiple of 8, so
  * that the kernels' two-pair passes and the AMX kernel's eight-pair blocks
  * line up (every matrix has a multiple of 8 pairs, so a column takes the
  * same kernel whatever the thread count). */
@@ -380,15 +387,16 @@ typedef struct cpu_thread {
     float moe_w[CPU_NX];
     int idx[HD_MOE_TOPK];
     int t, nt;                      /* this thread, team size */
-    int *ctr;                       /* the step's sweep counters */
-    int sweep;                      /* next counter to use */
+    uint64_t *ctr;                  /* the step's sweeps' run words */
+    int sweep;                      /* next sweep */
     cpu_bar *bar;                   /* the step's barrier */
 } cpu_thread;
 
-/* The counter of this thread's next sweep (the same on every thread). */
-static inline int *cpu_next_ctr(cpu_thread *th)
+/* The run words of this thread's next sweep (the same on every thread):
+ * one per thread of the team. */
+static inline uint64_t *cpu_next_ctr(cpu_thread *th)
 {
-    return th->ctr + th->sweep++;
+    return th->ctr + (size_t)th->sweep++ * (size_t)th->nt;
 }
 
 /* All threads of the step meet here. */
@@ -416,7 +424,7 @@ typedef struct cpu_scratch {
     float *mla_work;                /* [threads][CPU_MLA_WORK] */
     cpu_thread *th;                 /* [threads] */
     cpu_bar *bar;                   /* own cache line */
-    int *ctr;                       /* [n_layers * CPU_SWEEPS_PER_LAYER] */
+    uint64_t *ctr;                  /* [n_layers * CPU_SWEEPS_PER_LAYER][threads] */
     int n_ctr;
     int threads;
 } cpu_scratch;

@@ -1,9 +1,13 @@
 /* cpu_gemv.c - several int4 matrix-vector products as one parallel sweep:
  * the column pairs of all jobs, in order, are cut into chunks (a few dozen
- * pairs: tens to hundreds of KB of contiguous tiles each) that the threads
- * take from a shared counter.  Each thread writes its own outputs: no
- * reduction.  On a machine shared with other work a preempted thread then
- * delays only the chunk it holds, not half of the sweep. */
+ * pairs: tens to hundreds of KB of contiguous tiles each), and the chunks
+ * into one run per thread.  A thread takes the chunks of its own run from
+ * the front, in order, so that it streams one range of memory and the
+ * kernels' prefetch of the next block, at a chunk's end, is for the chunk
+ * it takes next; a thread whose run is done takes the chunks of the
+ * others from their back (cpu_sweep_next).  Each thread writes its own
+ * outputs: no reduction.  On a machine shared with other work a preempted
+ * thread then delays only the chunk it holds, not half of the sweep. */
 #include "config.h"
 
 #include <limits.h>
@@ -87,6 +91,41 @@ void cpu_barrier(cpu_bar *b, int nt)
     __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
+/* One of run r's chunks [lo, hi) from the front (its owner) or the back
+ * (another thread): its word counts the chunks taken from the front in
+ * the low 32 bits and from the back in the high 32. */
+static int take(uint64_t *word, size_t lo, size_t hi, int front, size_t *chunk)
+{
+    uint64_t s = __atomic_load_n(word, __ATOMIC_RELAXED);
+    for (;;) {
+        const size_t f = (size_t)(uint32_t)s, b = (size_t)(s >> 32);
+        const uint64_t next = front ? s + 1u : s + ((uint64_t)1 << 32);
+        if (lo + f + b >= hi)
+            return 0;
+        /* relaxed: the chunks' outputs are disjoint, and the sweep's
+         * barrier orders them for their readers */
+        if (__atomic_compare_exchange_n(word, &s, next, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *chunk = front ? lo + f : hi - 1 - b;
+            return 1;
+        }
+    }
+}
+
+int cpu_sweep_next(uint64_t *runs, size_t nchunks, int t, int nt, size_t *chunk)
+{
+    if (take(&runs[t], nchunks * (size_t)t / (size_t)nt,
+             nchunks * (size_t)(t + 1) / (size_t)nt, 1, chunk))
+        return 1;
+    for (int k = 1; k < nt; k++) {
+        const int r = (t + k) % nt;
+        if (take(&runs[r], nchunks * (size_t)r / (size_t)nt,
+                 nchunks * (size_t)(r + 1) / (size_t)nt, 0, chunk))
+            return 1;
+    }
+    return 0;
+}
+
 /* Global pairs [lo, hi) of the jobs. */
 static void run_range(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
                       float *y, size_t lo, size_t hi)
@@ -109,12 +148,13 @@ static void run_range(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
 }
 
 void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
-                    float *y, int *ctr, cpu_bar *bar)
+                    float *y, uint64_t *runs, cpu_bar *bar)
 {
-    int nt = 1;
-    size_t total = 0, chunk, nchunks;
+    int t = 0, nt = 1;
+    size_t total = 0, chunk, nchunks, c;
 
 #ifdef _OPENMP
+    t = omp_get_thread_num();
     nt = omp_get_num_threads();
 #endif
     for (int j = 0; j < njobs; j++)
@@ -125,13 +165,9 @@ void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
     }
     chunk = cpu_gemv_chunk(total, nt);
     nchunks = (total + chunk - 1) / chunk;
-    for (;;) {
-        size_t c = (size_t)__atomic_fetch_add(ctr, 1, __ATOMIC_RELAXED);
-        if (c >= nchunks)
-            break;
+    while (cpu_sweep_next(runs, nchunks, t, nt, &c))
         run_range(kern, jobs, njobs, y, c * chunk,
                   c * chunk + chunk < total ? c * chunk + chunk : total);
-    }
     if (bar)
         cpu_barrier(bar, nt);
 }

@@ -66,7 +66,7 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
     s->mla_work = carve(&c, (size_t)T * CPU_MLA_WORK * sizeof(float));
     s->n_ctr = n_layers * CPU_SWEEPS_PER_LAYER;
-    s->ctr = carve(&c, (size_t)s->n_ctr * sizeof(int));
+    s->ctr = carve(&c, (size_t)s->n_ctr * (size_t)T * sizeof(uint64_t));
     s->bar = carve(&c, 64);
     s->th = carve(&c, (size_t)T * sizeof(cpu_thread));
     for (int t = 0; t < T; t++) {
@@ -105,7 +105,7 @@ hd_status cpu_step(const hd_model *model, hd_state *state,
     cpu_scratch *s = hs->scratch;
     const size_t pos = state->context;
 
-    memset(s->ctr, 0, (size_t)s->n_ctr * sizeof(int));
+    memset(s->ctr, 0, (size_t)s->n_ctr * (size_t)s->threads * sizeof(uint64_t));
     memset(s->bar, 0, sizeof *s->bar);
 #pragma omp parallel num_threads(s->threads)
     {
