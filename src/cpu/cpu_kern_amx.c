@@ -59,6 +59,9 @@
 #include "cpu.h"
 
 #define AMX_PAIRS 8
+#ifndef AMX_L1_AHEAD
+#define AMX_L1_AHEAD 2
+#endif
 
 /* LDTILECFG's 64-byte operand (palette 1). */
 typedef struct amx_config {
@@ -193,6 +196,15 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
                              ((size_t)g * AMX_PAIRS + (size_t)j) * CPU_TILE_BYTES;
             _mm_prefetch(pf, _MM_HINT_T1);
             _mm_prefetch(pf + 64, _MM_HINT_T1);
+            /* This pair's tile AMX_L1_AHEAD groups on, into L1: the block
+             * reads its 8 pairs as 8 streams a tile apart, which the
+             * core's own prefetchers follow late */
+            if (g + AMX_L1_AHEAD < groups) {
+                const char *q1 = (const char *)t + AMX_L1_AHEAD * CPU_TILE_BYTES;
+                _mm_prefetch(q1, _MM_HINT_T0);
+                _mm_prefetch(q1 + 64, _MM_HINT_T0);
+                _mm_prefetch(q1 + CPU_TILE_BYTES - 1, _MM_HINT_T0);
+            }
             if (j & 1) {
                 _mm_prefetch(pf + 128, _MM_HINT_T1);
                 if (g > 0)
