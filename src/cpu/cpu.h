@@ -372,7 +372,9 @@ const cpu_kernels *cpu_kernels_for(cpu_isa isa);
 int cpu_resolve_threads(int requested);
 
 #define CPU_NX (HD_MOE_TOPK + 1)      /* experts per token: 8 + shared */
-/* Sweeps (GEMV counters) per layer and step, at most. */
+/* Sweeps (cpu_sweep_next's run words) per layer and step, at most: a KDA
+ * layer's heads, o_proj, gate/up and down; an MLA layer's projections, W_v,
+ * o_proj, gate/up and down. */
 #define CPU_SWEEPS_PER_LAYER 5
 
 /* What each thread of a step keeps to itself: the hidden state and the

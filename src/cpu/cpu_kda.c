@@ -46,11 +46,16 @@ void cpu_kda(const cpu_model *cm, const hd_kda_weights *w, const cpu_layer *C,
 
     /* A head needs only its own 128 columns of q, k, v and g: the thread
      * that takes the head computes them (4 x 64 column pairs, ~0.6 MB of
-     * tiles) and goes on with the head, with no barrier in between.
-     * Dynamic: a preempted thread leaves its heads to the other. */
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int h = 0; h < HD_KDA_HEADS; h++) {
-        const int n0 = h * HD_;
+     * tiles) and goes on with the head, with no barrier in between.  The
+     * heads are handed out as a sweep's chunks (cpu_sweep_next): a thread
+     * takes a run of consecutive heads, whose columns follow one another
+     * in each projection, so the kernels' prefetch of the next block at
+     * the end of a head's columns is for its own next head; a preempted
+     * thread leaves the rest of its run to the others. */
+    uint64_t *runs = cpu_next_ctr(th);
+    size_t hc;
+    while (cpu_sweep_next(runs, HD_KDA_HEADS, th->t, th->nt, &hc)) {
+        const int h = (int)hc, n0 = h * HD_;
         float o[HD_], beta;
         for (int j = 0; j < 4; j++) {
             const int p0 = (j * CPU_A + n0) / 2;
