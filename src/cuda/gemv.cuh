@@ -113,7 +113,7 @@ constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
 #define GEMV_MAXMAPS 9
 #define GEMV_SEQ_OFF (GEMV_TILE_OFF + GEMV_MAXMAPS * 48)
 static_assert(sizeof(MatTile) <= 48, "tile size");
-static_assert(GEMV_SEQ_OFF + (2 * GEMV_RING_SLOTS + 4) * 4 <= HDC_SMEM_BYTES, "smem map");
+static_assert(GEMV_SEQ_OFF + (3 * GEMV_RING_SLOTS + 4) * 4 <= HDC_SMEM_BYTES, "smem map");
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
 {
@@ -295,13 +295,23 @@ __device__ __forceinline__ void ring_put(const MatTile *tl, int b, int NB, int K
 /* Where the ring's parts lie in shared memory: the slots, their "full" and
  * "empty" mbarriers (shared-window addresses), the call's tiles (for the
  * issuers), the block each slot holds or awaits (seq), the warps done with
- * each slot (cnt, cumulative over the call), and the primed record
- * {primed, nm, NB, K} (gemv_prime). */
+ * each slot (cnt, cumulative over the call), the primed record {primed,
+ * nm, NB, K} (gemv_prime), and the phases each slot's "full" barrier has
+ * completed since the launch began (fph).
+ *
+ * The "full" barriers live through the launch (gemv_reset initializes
+ * them; a call goes on from the phase where the last one left each), the
+ * "empty" ones only through a call (their arrival count is the call's
+ * split).  Invalidating and initializing a "full" barrier again between
+ * two calls is as correct by the PTX memory model, but racecheck then
+ * loses the order between a copy of the first call and one of the second
+ * into the same bytes and reports the pair (racecheck-gemv.cu's modes 1,
+ * 3 and 4, docs/PERF-CUDA.md, fourteenth session). */
 struct RingCtl {
     uint32_t ring, full, empty;
     MatTile *tl;
     volatile int *seq;
-    int *cnt, *prm;
+    int *cnt, *prm, *fph;
 };
 
 __device__ __forceinline__ RingCtl ring_ctl()
@@ -317,13 +327,14 @@ __device__ __forceinline__ RingCtl ring_ctl()
     c.seq = ints;
     c.cnt = ints + GEMV_RING_SLOTS;
     c.prm = ints + 2 * GEMV_RING_SLOTS;
+    c.fph = ints + 2 * GEMV_RING_SLOTS + 4;
     return c;
 }
 
 /* Set the ring up for a call (every thread calls; ends with
  * __syncthreads): the tiles into shared memory (for the issuers; the
- * caller's array is in local memory), the barriers and counters, and the
- * first ns blocks issued. */
+ * caller's array is in local memory), the "empty" barriers and the
+ * counters, and the first ns blocks issued. */
 __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
 {
     const int NJB = nm * NB, KU = K / 64;
@@ -344,7 +355,6 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
      * issuing all of them made the other 511 wait that much longer) */
     const int i = threadIdx.x;
     if (i < ns) {
-        mbar_init(full + i * 8, 1);
         mbar_init(empty + i * 8, (unsigned)S * 32u);
         cnt[i] = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
@@ -380,12 +390,21 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
 }
 
 /* At the start of a launch: no ring is primed (shared memory starts with
- * whatever the last kernel left there).  Thread 0; a __syncthreads must
- * follow before the first GEMV. */
+ * whatever the last kernel left there), and the "full" barriers are
+ * initialized, at phase 0.  Thread 0; a __syncthreads must follow before
+ * the first GEMV.  Nothing else may write the barriers' bytes
+ * (GEMV_BAR_OFF on) until the launch ends. */
 __device__ __forceinline__ void gemv_reset()
 {
-    if (threadIdx.x == 0)
-        ring_ctl().prm[0] = 0;
+    if (threadIdx.x == 0) {
+        const RingCtl c = ring_ctl();
+        c.prm[0] = 0;
+        for (int i = 0; i < GEMV_RING_SLOTS; i++) {
+            mbar_init(c.full + i * 8, 1);
+            c.fph[i] = 0;
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+    }
 }
 
 __device__ __forceinline__ const uint2 *sm_xb()
@@ -444,8 +463,8 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             uint32_t sb;
             const int pns = ring_slots(prm[3], prm[1] * prm[2], sb);
             for (int i = 0; i < pns; i++) {
-                mbar_wait(full + i * 8, 0);
-                mbar_inval(full + i * 8);
+                mbar_wait(full + i * 8, (uint32_t)c.fph[i] & 1u);
+                c.fph[i]++;
                 mbar_inval(empty + i * 8);
             }
         }
@@ -460,7 +479,10 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
 #pragma unroll 1
     for (int jb = gi; jb < NJB; jb += G) {
         const int j = jb / NB, sl = jb % ns;
+        /* the slot's use in this call: the phase of its "empty" barrier;
+         * of its "full" one, that after the uses of earlier calls */
         const uint32_t ph = (uint32_t)(jb / ns) & 1u;
+        const uint32_t fp = (uint32_t)(c.fph[sl] + jb / ns) & 1u;
         const uint32_t xb = smem_addr(tl[j].xb) + (uint32_t)lane * 8u;
         const bool has_x = lane < tl[j].xl;
         const uint32_t sw = ring + sl * slot_bytes, sz = sw + wbytes;
@@ -469,7 +491,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             while (atomicAdd(const_cast<int *>(seq) + sl, 0) != jb)
                 ;
         __syncwarp();
-        mbar_wait(full + sl * 8, ph);
+        mbar_wait(full + sl * 8, fp);
         if (lane == 0 && si == S - 1)
             gtr_mark(1, jb);
         if (lane == 0 && si == 0)
@@ -519,7 +541,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
     }
     if (threadIdx.x == 0) {
         for (int i = 0; i < ns; i++) {
-            mbar_inval(full + i * 8);
+            c.fph[i] += (NJB - 1 - i) / ns + 1; /* the blocks through slot i */
             mbar_inval(empty + i * 8);
         }
         if (gtr_armed())
