@@ -12,7 +12,10 @@
  *   3  two calls, K = 4096 then K = 1024
  *   4  one call of 4 blocks (no refill), then another of 4
  * It prints "done MODE" and the first output; the values are not checked
- * (tests/test_cuda checks the GEMV against the reference). */
+ * (tests/test_cuda checks the GEMV against the reference).  Modes 1, 3
+ * and 4 drew a report each (bulk copy against bulk copy) while each call
+ * initialized the ring's "full" barriers again; since they live through
+ * the launch, no mode does (docs/PERF-CUDA.md, fourteenth session). */
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

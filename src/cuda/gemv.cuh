@@ -103,8 +103,9 @@ constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
 
 /* The ring: shared memory past the GEMV map (SM_XB_END) that the bulk
  * copies of a task's weight blocks stream into, and its mbarriers.  Each
- * gemv_run drains it before it returns, so other phases may use the bytes
- * (the attention does). */
+ * gemv_run drains it before it returns, so other phases may use the ring's
+ * bytes (the attention does), but nothing from GEMV_BAR_OFF on: the "full"
+ * barriers live through the launch (RingCtl). */
 #define GEMV_RING_OFF (SM_XB_END * 4)
 #define GEMV_RING_BYTES (152 * 1024)
 #define GEMV_RING_SLOTS 16
