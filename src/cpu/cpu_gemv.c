@@ -91,11 +91,15 @@ void cpu_barrier(cpu_bar *b, int nt)
     __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
-/* One of run r's chunks [lo, hi) from the front (its owner) or the back
- * (another thread): its word counts the chunks taken from the front in
- * the low 32 bits and from the back in the high 32. */
-static int take(uint64_t *word, size_t lo, size_t hi, int front, size_t *chunk)
+/* One of run r's chunks [nchunks r / nt, nchunks (r + 1) / nt) from the
+ * front (its owner) or the back (another thread): runs[r] counts the
+ * chunks taken from the front in the low 32 bits and from the back in the
+ * high 32. */
+static int take(uint64_t *runs, size_t nchunks, int r, int nt, int front, size_t *chunk)
 {
+    uint64_t *word = &runs[r];
+    const size_t lo = nchunks * (size_t)r / (size_t)nt;
+    const size_t hi = nchunks * (size_t)(r + 1) / (size_t)nt;
     uint64_t s = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         const size_t f = (size_t)(uint32_t)s, b = (size_t)(s >> 32);
@@ -114,15 +118,11 @@ static int take(uint64_t *word, size_t lo, size_t hi, int front, size_t *chunk)
 
 int cpu_sweep_next(uint64_t *runs, size_t nchunks, int t, int nt, size_t *chunk)
 {
-    if (take(&runs[t], nchunks * (size_t)t / (size_t)nt,
-             nchunks * (size_t)(t + 1) / (size_t)nt, 1, chunk))
+    if (take(runs, nchunks, t, nt, 1, chunk))
         return 1;
-    for (int k = 1; k < nt; k++) {
-        const int r = (t + k) % nt;
-        if (take(&runs[r], nchunks * (size_t)r / (size_t)nt,
-                 nchunks * (size_t)(r + 1) / (size_t)nt, 0, chunk))
+    for (int k = 1; k < nt; k++)
+        if (take(runs, nchunks, (t + k) % nt, nt, 0, chunk))
             return 1;
-    }
     return 0;
 }
 
