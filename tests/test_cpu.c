@@ -1065,6 +1065,158 @@ END_TEST
 #endif
 #endif
 
+/* Every path's MLA softmax partials (mla_range: per head the maximum m,
+ * the sum l of exp(score - m) and acc = sum exp(score - m) c_kv) against
+ * the same in double, over ranges that start and end inside the kernels'
+ * chunks and blocks, are empty or one token: m, and acc / l (the head's
+ * latent), within fp32 summation error.  The cache holds bf16 rows of
+ * magnitudes 2^-6 .. 2^2, the query fp32 values of 24 bits (the amx path
+ * splits them into three bf16 parts), with a ramp on the rope part so that
+ * the maximum grows along the tokens (the rescale of what was summed).
+ * Then queries the tile unit cannot take exactly (a NaN, an infinity, a
+ * value whose third part is subnormal) must leave every path with the
+ * bits of the avx512bf16 (plain vector) kernel, which the amx path falls
+ * back to. */
+static double mla_range_err(const cpu_kernels *k, const uint16_t *c_kv, const uint16_t *k_rope,
+                            size_t t0, size_t t1, const float *ql, const float *qr, float *work,
+                            float *m, float *l, float *acc, double *m_err)
+{
+    const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE, NH = HD_MLA_HEADS;
+    const double scale = 1.0 / sqrt(192.0);
+    double worst = 0.0;
+    double *sc = tu_xmalloc((t1 - t0 + 1) * sizeof(double));
+    k->mla_range(c_kv, k_rope, t0, t1, ql, qr, m, l, acc, work);
+    *m_err = 0.0;
+    for (int h = 0; h < NH; h++) {
+        double mx = -INFINITY, den = 0.0, num2 = 0.0, err2 = 0.0;
+        if (t0 == t1) {
+            ck_assert(m[h] == -INFINITY && l[h] == 0.0f);
+            for (int d = 0; d < LR; d++)
+                ck_assert(acc[h * LR + d] == 0.0f);
+            continue;
+        }
+        for (size_t t = t0; t < t1; t++) {
+            double v = 0.0;
+            for (int d = 0; d < LR; d++)
+                v += (double)hd_bf16_to_f32(c_kv[t * LR + d]) * ql[h * LR + d];
+            for (int d = 0; d < RP; d++)
+                v += (double)hd_bf16_to_f32(k_rope[t * RP + d]) * qr[h * RP + d];
+            sc[t - t0] = v * scale;
+            if (sc[t - t0] > mx)
+                mx = sc[t - t0];
+        }
+        for (size_t t = t0; t < t1; t++)
+            den += exp(sc[t - t0] - mx);
+        *m_err = fmax(*m_err, fabs(m[h] - mx) / (1.0 + fabs(mx)));
+        /* l relative to m, so compare l e^m */
+        ck_assert_msg(fabs(l[h] * exp(m[h] - mx) - den) <= 1e-5 * den,
+                      "%s head %d [%zu, %zu): l %.9g, want %.9g", k->name, h, t0, t1,
+                      l[h] * exp(m[h] - mx), den);
+        for (int d = 0; d < LR; d++) {
+            double lat = 0.0;
+            for (size_t t = t0; t < t1; t++)
+                lat += exp(sc[t - t0] - mx) * hd_bf16_to_f32(c_kv[t * LR + d]);
+            lat /= den;
+            num2 += lat * lat;
+            err2 += (acc[h * LR + d] / (double)l[h] - lat) * (acc[h * LR + d] / (double)l[h] - lat);
+        }
+        worst = fmax(worst, sqrt(err2 / num2));
+    }
+    free(sc);
+    return worst;
+}
+
+START_TEST(test_mla_range)
+{
+    const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE, NH = HD_MLA_HEADS;
+    static const size_t ranges_full[][2] = { { 0, 0 },   { 0, 1 },    { 7, 8 },     { 3, 37 },
+                                             { 5, 69 },  { 0, 64 },   { 64, 160 },  { 31, 95 },
+                                             { 0, 300 }, { 1, 1000 }, { 100, 2148 } };
+    static const size_t ranges_small[][2] = { { 0, 0 }, { 0, 1 }, { 3, 37 }, { 5, 69 }, { 31, 130 } };
+    const size_t (*ranges)[2] = tu_small() ? ranges_small : ranges_full;
+    const size_t n_ranges = tu_small() ? sizeof ranges_small / sizeof ranges_small[0]
+                                       : sizeof ranges_full / sizeof ranges_full[0];
+    const size_t L = 2200;
+    uint32_t r = 2024u;
+    uint16_t *c_kv = tu_xmalloc(L * LR * 2), *k_rope = tu_xmalloc(L * RP * 2);
+    float *ql = tu_xmalloc((size_t)NH * LR * 4), *qr = tu_xmalloc((size_t)NH * RP * 4);
+    float *m = tu_xmalloc(NH * 4), *l = tu_xmalloc(NH * 4);
+    float *acc = tu_xmalloc((size_t)NH * LR * 4);
+    float *m2 = tu_xmalloc(NH * 4), *l2 = tu_xmalloc(NH * 4);
+    float *acc2 = tu_xmalloc((size_t)NH * LR * 4);
+    size_t work_max = 0;
+
+    for (size_t i = 0; i < L * LR; i++)
+        c_kv[i] = hd_f32_to_bf16(((float)(lcg(&r) % 65536) / 32768.0f - 1.0f) *
+                                 ldexpf(1.0f, (int)(lcg(&r) % 9) - 6));
+    for (size_t t = 0; t < L; t++)
+        for (int d = 0; d < RP; d++)
+            k_rope[t * RP + d] = hd_f32_to_bf16(
+                (float)t / (float)L * (d % 2 ? 1.0f : -1.0f) +
+                ((float)(lcg(&r) % 65536) / 65536.0f - 0.5f) * 0.25f);
+    for (int i = 0; i < NH * LR; i++)   /* 24 significant bits */
+        ql[i] = (float)((int)(lcg(&r) & 0xffffff) - 0x800000) / 0x800000 *
+                ldexpf(1.0f, (int)(lcg(&r) % 5) - 3);
+    for (int h = 0; h < NH; h++)
+        for (int d = 0; d < RP; d++)
+            qr[h * RP + d] = hd_bf((d % 2 ? 1.0f : -1.0f) * (float)(h % 4) * 0.5f);
+    for (int isa = 0; isa < N_ISA; isa++)
+        if (isa_ok[isa] && cpu_mla_work(cpu_kernels_for((cpu_isa)isa)) > work_max)
+            work_max = cpu_mla_work(cpu_kernels_for((cpu_isa)isa));
+    float *work = tu_xmalloc(work_max * 4);
+
+    for (int isa = 0; isa < N_ISA; isa++) {
+        if (!isa_ok[isa])
+            continue;
+        const cpu_kernels *k = cpu_kernels_for((cpu_isa)isa);
+        double worst = 0.0, worst_m = 0.0;
+        for (size_t i = 0; i < n_ranges; i++) {
+            double m_err;
+            double e = mla_range_err(k, c_kv, k_rope, ranges[i][0], ranges[i][1], ql, qr,
+                                     work, m, l, acc, &m_err);
+            ck_assert_msg(e <= 1e-5 && m_err <= 1e-6, "%s [%zu, %zu): latent %.3e, max %.3e",
+                          k->name, ranges[i][0], ranges[i][1], e, m_err);
+            worst = fmax(worst, e);
+            worst_m = fmax(worst_m, m_err);
+        }
+        printf("mla_range %s: latent rel err %.3e, max %.3e\n", k->name, worst, worst_m);
+    }
+
+    /* queries the tile unit cannot take: the plain vector kernel's bits */
+    if (isa_ok[3]) {
+        const cpu_kernels *kb = cpu_kernels_for(CPU_ISA_AVX512BF16);
+        static const float odd[] = { NAN, INFINITY, 0x1p-120f * (1.0f + 0x1p-9f + 0x1p-20f) };
+        for (size_t o = 0; o < sizeof odd / sizeof odd[0]; o++) {
+            const float keep = ql[5 * LR + 77];
+            ql[5 * LR + 77] = odd[o];
+            kb->mla_range(c_kv, k_rope, 3, 137, ql, qr, m2, l2, acc2, work);
+            for (int isa = 3; isa < N_ISA; isa++) {
+                if (!isa_ok[isa])
+                    continue;
+                cpu_kernels_for((cpu_isa)isa)->mla_range(c_kv, k_rope, 3, 137, ql, qr, m, l,
+                                                         acc, work);
+                ck_assert_msg(memcmp(m, m2, NH * 4) == 0 && memcmp(l, l2, NH * 4) == 0 &&
+                                  memcmp(acc, acc2, (size_t)NH * LR * 4) == 0,
+                              "%s, query %g: not the vector kernel's bits",
+                              cpu_kernels_for((cpu_isa)isa)->name, (double)odd[o]);
+            }
+            ql[5 * LR + 77] = keep;
+        }
+    }
+    free(work);
+    free(c_kv);
+    free(k_rope);
+    free(ql);
+    free(qr);
+    free(m);
+    free(l);
+    free(acc);
+    free(m2);
+    free(l2);
+    free(acc2);
+}
+END_TEST
+
 /* A forced ISA the CPU lacks fails model creation; auto avoids nothing. */
 START_TEST(test_isa_choice)
 {
@@ -1132,6 +1284,7 @@ int main(void)
     tcase_add_test(tc, test_dot_f64);
     tcase_add_test(tc, test_sweep_next);
     tcase_add_test(tc, test_qmat_normal);
+    tcase_add_test(tc, test_mla_range);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16
     tcase_add_test(tc, test_f32_gemv);

@@ -194,6 +194,8 @@ typedef struct cpu_kernels {
                       size_t t0, size_t t1, const float *qlat,
                       const float *qrope, float *m, float *l, float *acc,
                       float *work);
+    /* Floats of mla_range's work memory a thread; 0: CPU_MLA_WORK. */
+    size_t mla_work;
 } cpu_kernels;
 
 extern const cpu_kernels cpu_kernels_portable;
@@ -211,6 +213,21 @@ void cpu_amx_gemv_pairs_x1(const uint8_t *tiles, int p0, int p1, int groups, int
                            const uint16_t *xt, const uint16_t *xb, float *y);
 void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int normal,
                            const uint16_t *xt, const float *xe, float *y);
+/* The MLA attention's multiply-adds on the tile unit (cpu_kern_avx512.c's
+ * amx_mla_range): the tiles configured for them, and released. */
+void cpu_amx_mla_begin(void);
+void cpu_amx_mla_end(void);
+/* The scores of 32 tokens, sc [32 tokens][32 heads]: c_kv rows at c (LR
+ * words apart), k_rope rows at kr (RP words apart), the query's B tiles
+ * at qt (CPU_AMX_QT tiles); pfc, pfk: the next 32 rows to prefetch, or
+ * NULL. */
+void cpu_amx_mla_scores(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
+                        float *sc, const uint16_t *pfc, const uint16_t *pfk);
+/* acc [32 heads][LR] += p times the values of 32 subs tokens: p's A
+ * tiles at pt ([2 head halves][2 blocks][3 parts]), the values' B tiles
+ * at vt ([2 blocks][16 token pairs][LR][2]). */
+void cpu_amx_mla_values(const uint16_t *pt, const uint16_t *vt, int subs, float *acc);
+#define CPU_AMX_QT 100      /* B tiles of the query: 3 x 16 x 2, rope 2 x 2 */
 #endif
 /* cpu_kern_avx512bf16.c (built with -mavx512bf16). */
 void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
@@ -258,6 +275,11 @@ static inline void cpu_gemv_pairs(const cpu_kernels *kern,
 /* Floats of mla_range's work memory. */
 #define CPU_MLA_WORK ((size_t)CPU_MLA_CHUNK * (HD_MLA_KV_LORA + HD_MLA_QK_ROPE) + \
                       (size_t)HD_MLA_HEADS * CPU_MLA_CHUNK)
+/* Floats of the work memory of kern's mla_range a thread. */
+static inline size_t cpu_mla_work(const cpu_kernels *kern)
+{
+    return kern->mla_work ? kern->mla_work : CPU_MLA_WORK;
+}
 
 #define CPU_A (HD_KDA_HEADS * HD_KDA_HEAD_DIM)          /* 4096 */
 #define CPU_MLA_QK (HD_MLA_QK_NOPE + HD_MLA_QK_ROPE)    /* 192  */
@@ -423,7 +445,7 @@ typedef struct cpu_scratch {
     float *logits;                  /* [E] */
     float *mla_ml;                  /* [threads][2][32]: max, sum */
     float *mla_acc;                 /* [threads][32][512] */
-    float *mla_work;                /* [threads][CPU_MLA_WORK] */
+    float *mla_work;                /* [threads][cpu_mla_work()] */
     cpu_thread *th;                 /* [threads] */
     cpu_bar *bar;                   /* own cache line */
     uint64_t *ctr;                  /* [n_layers * CPU_SWEEPS_PER_LAYER][threads] */

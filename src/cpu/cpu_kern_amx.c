@@ -49,7 +49,11 @@
  * The column pairs of a call that do not fill an 8-pair block aligned to
  * the matrix's start go to the avx512bf16 kernels; cpu_gemv_chunk cuts the
  * sweeps at multiples of 8 pairs, so a column takes the same kernel
- * whatever the thread count. */
+ * whatever the thread count.
+ *
+ * The file's end holds the tile work of the MLA attention (the scores and
+ * the weighted sum of the cache rows); cpu_kern_avx512.c's amx_mla_range
+ * lays the operands out, does the softmax and says why it is exact. */
 #include "config.h"
 
 #include <immintrin.h>
@@ -59,6 +63,9 @@
 #include "cpu.h"
 
 #define AMX_PAIRS 8
+#ifndef MLA_PF_HINT
+#define MLA_PF_HINT _MM_HINT_T1
+#endif
 #ifndef AMX_L1_AHEAD
 #define AMX_L1_AHEAD 2
 #endif
@@ -297,4 +304,111 @@ void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int
     amx_blocks(tiles, a0, a1, groups, xt, 3, y);
     if (a1 < p1)
         cpu_avx512bf16_gemv_pairs_f32(tiles, a1, p1, groups, normal, xe, y);
+}
+
+/* ---- The MLA attention's multiply-adds (cpu_kern_avx512.c's
+ * amx_mla_range lays the operands out and does the softmax) ---- */
+
+/* Every tile 16 rows of 64 bytes: A and B tiles of bf16 pairs, C tiles of
+ * 16 x 16 fp32. */
+void cpu_amx_mla_begin(void)
+{
+    _Alignas(64) amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    amx_load_config(&c);
+}
+
+void cpu_amx_mla_end(void)
+{
+    _tile_release();
+}
+
+/* Tiles 0-3: C (token rows 0-15 and 16-31 times head halves 0 and 1), 4,
+ * 5: A (16 tokens x 32 latent or rope dimensions, straight from the
+ * rows), 6, 7: B (16 dimension pairs x the 16 heads of a half, one part
+ * of the query).  Each A tile meets six B tiles (three parts, two halves)
+ * and each B tile two A tiles: eight tile loads a twelve TDPBF16PS. */
+static inline __attribute__((always_inline)) void mla_scores_step(const uint16_t *q)
+{
+    _tile_loadd(6, q, 64);          /* head half 0 */
+    _tile_loadd(7, q + 512, 64);    /* head half 1 */
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
+void cpu_amx_mla_scores(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
+                        float *sc, const uint16_t *pfc, const uint16_t *pfk)
+{
+    const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int kt = 0; kt < LR / 32; kt++) {
+        /* line kt of each of the next block's rows: the whole block by
+         * the last kt */
+        if (pfc)
+            for (int r = 0; r < 32; r++)
+                _mm_prefetch((const char *)(pfc + (size_t)r * LR + 32 * kt), MLA_PF_HINT);
+        if (pfk && kt < 4)
+            for (int r = 8 * kt; r < 8 * kt + 8; r++) {
+                _mm_prefetch((const char *)(pfk + (size_t)r * RP), MLA_PF_HINT);
+                _mm_prefetch((const char *)(pfk + (size_t)r * RP + 32), MLA_PF_HINT);
+            }
+        _tile_loadd(4, c + 32 * kt, LR * 2);
+        _tile_loadd(5, c + (size_t)16 * LR + 32 * kt, LR * 2);
+        for (int p = 0; p < 3; p++)
+            mla_scores_step(qt + ((size_t)(p * (LR / 32) + kt) * 2) * 512);
+    }
+    for (int kt = 0; kt < RP / 32; kt++) {
+        _tile_loadd(4, kr + 32 * kt, RP * 2);
+        _tile_loadd(5, kr + (size_t)16 * RP + 32 * kt, RP * 2);
+        mla_scores_step(qt + ((size_t)(3 * (LR / 32) + kt) * 2) * 512);
+    }
+    _tile_stored(0, sc, 128);
+    _tile_stored(1, sc + 16, 128);
+    _tile_stored(2, sc + 16 * 32, 128);
+    _tile_stored(3, sc + 16 * 32 + 16, 128);
+}
+
+/* Tile 0: C (16 heads x 16 latent dimensions of acc, loaded and stored
+ * back), 1: B (16 token pairs x 16 dimensions), 2-4, 5-7: A (16 heads x
+ * 32 tokens of p, three parts) of the first and the second block.  One
+ * head half at a time, as its six A tiles fill the rest. */
+void cpu_amx_mla_values(const uint16_t *pt, const uint16_t *vt, int subs, float *acc)
+{
+    const int LR = HD_MLA_KV_LORA;
+    for (int hh = 0; hh < 2; hh++) {
+        const uint16_t *ph = pt + (size_t)hh * 6 * 512;
+        float *a = acc + (size_t)hh * 16 * LR;
+        _tile_loadd(2, ph, 64);
+        _tile_loadd(3, ph + 512, 64);
+        _tile_loadd(4, ph + 1024, 64);
+        if (subs > 1) {
+            _tile_loadd(5, ph + 1536, 64);
+            _tile_loadd(6, ph + 2048, 64);
+            _tile_loadd(7, ph + 2560, 64);
+        }
+        for (int kt = 0; kt < LR / 16; kt++) {
+            _tile_loadd(0, a + 16 * kt, LR * 4);
+            _tile_loadd(1, vt + 32 * kt, LR * 4);
+            _tile_dpbf16ps(0, 2, 1);
+            _tile_dpbf16ps(0, 3, 1);
+            _tile_dpbf16ps(0, 4, 1);
+            if (subs > 1) {
+                _tile_loadd(1, vt + (size_t)16 * 2 * LR + 32 * kt, LR * 4);
+                _tile_dpbf16ps(0, 5, 1);
+                _tile_dpbf16ps(0, 6, 1);
+                _tile_dpbf16ps(0, 7, 1);
+            }
+            _tile_stored(0, a + 16 * kt, LR * 4);
+        }
+    }
 }

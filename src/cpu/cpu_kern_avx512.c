@@ -23,6 +23,7 @@
 
 #include "cpu.h"
 #include "cpu_kern_avx512.h"
+#include "util.h"
 
 static void isa_vexp(float *dst, const float *src, int n)
 {
@@ -189,6 +190,294 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
 #endif
 
 #ifdef HD_CPU_HAVE_AMX
+/* ---- The MLA attention with its multiply-adds on the tile unit ----
+ *
+ * The same partials as gen_mla_range (per head the running maximum m, the
+ * sum l of exp(score - m) and acc = sum exp(score - m) c_kv), a chunk of
+ * AM_T tokens at a time, with the two dot products on the tile unit
+ * (cpu_amx_mla_scores, cpu_amx_mla_values): the scores as c_kv rows (A
+ * tiles straight from the cache) times the absorbed query (B tiles made
+ * once a call), the values as p (A tiles) times the chunk's c_kv rows
+ * interleaved by token pairs (B tiles).  The fp32 query and p go in as
+ * three bf16 parts each, hi + mid + lo, which hold them exactly (as x in
+ * cpu_prepare_x's split3), the cache rows are bf16 already, so every
+ * product is exact and only the order of the fp32 additions differs from
+ * gen_mla_range.  The tile unit reads subnormal inputs as zero: a call
+ * whose query has a non-finite value or a part that is not exact goes to
+ * gen_mla_range whole; a part of p below 2^-126 is dropped, an error below
+ * 2^-126 times the row's values against a sum of weights of at least 1
+ * (the largest p of a head is exp(0)).  The softmax is gen_mla_range's
+ * (the maximum with NaN never taken, the rescale, SLEEF's 1-ulp exp, the
+ * chunk's sum in double), head by head, 16 tokens a vector, each head's
+ * scores gathered from the score tiles' [token][head] rows.
+ *
+ * Time (one thread, 2048 tokens of the cache hot, in a harness): 0.45 ms
+ * against 1.2 ms for gen_mla_range; in a step (E 256, context 4096, two
+ * threads) the attention went from about 11 % of the samples to 5 %
+ * (docs/PERFORMANCE.md).  The scores are bound by the tile unit: 200
+ * TDPBF16PS and 136 tile loads a block of 32 tokens. */
+#define AM_T 64                         /* tokens a chunk: two blocks */
+#define AM_LR HD_MLA_KV_LORA
+#define AM_RP HD_MLA_QK_ROPE
+#define AM_H HD_MLA_HEADS
+/* the work memory, in words from a 64-byte boundary */
+#define AM_QT_W ((size_t)CPU_AMX_QT * 512)              /* query B tiles */
+#define AM_PT_W ((size_t)12 * 512)                      /* p's A tiles */
+#define AM_VT_W ((size_t)2 * 16 * 2 * AM_LR)            /* values' B tiles */
+#define AM_PAD_W ((size_t)32 * (AM_LR + AM_RP))         /* a partial block */
+#define AM_SC_F ((size_t)2 * AM_T * AM_H)               /* scores, twice */
+#define AM_WORK_F ((AM_QT_W + AM_PT_W + AM_VT_W + AM_PAD_W) / 2 + AM_SC_F + 16)
+_Static_assert(AM_H == 32 && AM_LR % 32 == 0 && AM_RP % 32 == 0,
+               "the tile layouts of cpu_amx_mla_scores and _values");
+
+/* bf16 of 16 floats, rounded to nearest even, in the low words of the
+ * lanes (hd_f32_to_bf16 without its NaN case: the callers keep NaN
+ * apart). */
+static inline __m512i am_rne(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
+                             16);
+}
+
+/* The lanes whose bf16 word w is subnormal. */
+static inline __mmask16 am_subnormal(__m512i w)
+{
+    return _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x7fff)) &
+           _mm512_testn_epi32_mask(w, _mm512_set1_epi32(0x7f80));
+}
+
+/* 16 floats as hi + mid + lo bf16 words (each rounded to nearest even;
+ * a NaN as the quiet NaN hi alone), in the low words of the lanes; the
+ * lanes where that is exactly v with no part subnormal (the tile unit
+ * reads a subnormal as 0) and v is finite.  The subtractions are exact
+ * (see cpu_quant.c's split3). */
+static inline __mmask16 am_split16(__m512 v, __m512i *hi, __m512i *mid, __m512i *lo)
+{
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    *hi = _mm512_mask_mov_epi32(am_rne(v), nan, _mm512_set1_epi32(0x7fc0));
+    const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(*hi, 16)));
+    *mid = _mm512_maskz_mov_epi32((__mmask16)~nan, am_rne(r1));
+    const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(*mid, 16)));
+    *lo = _mm512_maskz_mov_epi32((__mmask16)~nan, am_rne(r2));
+    const __mmask16 inf = _mm512_cmpeq_epi32_mask(
+        _mm512_and_si512(*hi, _mm512_set1_epi32(0x7f80)), _mm512_set1_epi32(0x7f80));
+    const __mmask16 exact =
+        _mm512_cmp_ps_mask(r2, _mm512_castsi512_ps(_mm512_slli_epi32(*lo, 16)), _CMP_EQ_OQ);
+    return exact & (__mmask16)~(inf | am_subnormal(*hi) | am_subnormal(*mid) | am_subnormal(*lo));
+}
+
+/* The 32 words of two am_split16 results, lanes of a then of b. */
+static inline void am_store_words(uint16_t *dst, __m512i a, __m512i b)
+{
+    _mm256_store_si256((__m256i *)dst, _mm512_cvtepi32_epi16(a));
+    _mm256_store_si256((__m256i *)(dst + 16), _mm512_cvtepi32_epi16(b));
+}
+
+/* exp of 16 floats (SLEEF's 1-ulp AVX-512 one where built with SLEEF,
+ * else expf through tmp, 16 floats). */
+static inline __m512 am_exp16(__m512 v, float *tmp)
+{
+#ifdef HD_HAVE_SLEEF
+    (void)tmp;
+    return Sleef_expf16_u10(v);
+#else
+    _mm512_storeu_ps(tmp, v);
+    for (int i = 0; i < 16; i++)
+        tmp[i] = expf(tmp[i]);
+    return _mm512_loadu_ps(tmp);
+#endif
+}
+
+/* The query's B tiles: tile (part q, dimension block kt, head half hh),
+ * row i, column j = part q of ql of head 16 hh + j at dimensions 32 kt +
+ * 2 i and + 1; then the rope's (one part, bf16 already), tile 96 + 2 kt
+ * + hh.  tmp: 3 x 32 x AM_LR words.  0 when ql has a value am_split16
+ * does not take or qrope one that is not a finite bf16. */
+static int am_query_tiles(const float *qlat, const float *qrope, uint16_t *qt, uint16_t *tmp)
+{
+    __mmask16 ok = 0xffff;
+    const size_t pw = (size_t)AM_H * AM_LR;   /* words of a part */
+    for (int i = 0; i < AM_H * AM_LR; i += 32) {
+        __m512i h0, m0, l0, h1, m1, l1;
+        ok &= am_split16(_mm512_loadu_ps(qlat + i), &h0, &m0, &l0);
+        ok &= am_split16(_mm512_loadu_ps(qlat + i + 16), &h1, &m1, &l1);
+        am_store_words(tmp + i, h0, h1);
+        am_store_words(tmp + pw + i, m0, m1);
+        am_store_words(tmp + 2 * pw + i, l0, l1);
+    }
+    for (int i = 0; i < AM_H * AM_RP; i += 16) {
+        const __m512i u = _mm512_loadu_si512((const void *)(qrope + i));
+        ok &= _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0xffff)) &
+              ~_mm512_cmpeq_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7f800000)),
+                                       _mm512_set1_epi32(0x7f800000));
+    }
+    if (ok != 0xffff)
+        return 0;
+    /* row i of a tile: one 32-bit word (two dimensions) of each of the 16
+     * heads, AM_LR / 2 words apart */
+    const __m512i heads = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(AM_LR / 2));
+    for (int q = 0; q < 3; q++)
+        for (int kt = 0; kt < AM_LR / 32; kt++)
+            for (int hh = 0; hh < 2; hh++) {
+                uint16_t *dst = qt + ((size_t)(q * (AM_LR / 32) + kt) * 2 + hh) * 512;
+                const uint16_t *src = tmp + (size_t)q * pw + (size_t)16 * hh * AM_LR + 32 * kt;
+                for (int i = 0; i < 16; i++)
+                    _mm512_store_si512(dst + 32 * i,
+                                       _mm512_i32gather_epi32(heads, (const void *)(src + 2 * i), 4));
+            }
+    for (int kt = 0; kt < AM_RP / 32; kt++)
+        for (int hh = 0; hh < 2; hh++) {
+            uint16_t *dst = qt + ((size_t)(3 * (AM_LR / 32) + kt) * 2 + hh) * 512;
+            for (int j = 0; j < 16; j++)
+                for (int i = 0; i < 32; i++) {
+                    uint32_t u;
+                    memcpy(&u, &qrope[(16 * hh + j) * AM_RP + 32 * kt + i], 4);
+                    dst[32 * (i / 2) + 2 * j + i % 2] = (uint16_t)(u >> 16);
+                }
+        }
+    return 1;
+}
+
+/* Rows [0, 32) of a block at c (AM_LR words apart) as the values' B tiles
+ * at vt: row i holds tokens 2 i and 2 i + 1 interleaved, dimension by
+ * dimension, the dimensions in vpunpck{l,h}wd's order: of each 32, the
+ * first tile's 16 columns are dimensions 0-3, 8-11, 16-19, 24-27, the
+ * second's the other 16 (am_unpermute puts acc back in order).  Two
+ * one-cycle unpacks where vpermt2w took three uops each (a quarter of this
+ * kernel's own time in a profile). */
+static void am_interleave(const uint16_t *c, uint16_t *vt)
+{
+    for (int i = 0; i < 16; i++) {
+        const uint16_t *r0 = c + (size_t)(2 * i) * AM_LR, *r1 = r0 + AM_LR;
+        uint16_t *dst = vt + (size_t)i * 2 * AM_LR;
+        for (int d = 0; d < AM_LR; d += 32) {
+            const __m512i x0 = _mm512_loadu_si512((const void *)(r0 + d));
+            const __m512i x1 = _mm512_loadu_si512((const void *)(r1 + d));
+            _mm512_store_si512(dst + 2 * d, _mm512_unpacklo_epi16(x0, x1));
+            _mm512_store_si512(dst + 2 * d + 32, _mm512_unpackhi_epi16(x0, x1));
+        }
+    }
+}
+
+/* acc's rows from am_interleave's order of the dimensions back to theirs. */
+static void am_unpermute(float *acc)
+{
+    _Alignas(64) int32_t i0[16], i1[16];
+    for (int k = 0; k < 32; k++) {  /* dimension k of 32: column of A or 16 + of B */
+        const int col = 4 * (k / 8) + k % 4 + (k % 8 < 4 ? 0 : 16);
+        (k < 16 ? i0 : i1)[k % 16] = col;
+    }
+    const __m512i x0 = _mm512_load_si512(i0), x1 = _mm512_load_si512(i1);
+    for (int r = 0; r < AM_H; r++)
+        for (int d = 0; d < AM_LR; d += 32) {
+            float *a = acc + (size_t)r * AM_LR + d;
+            const __m512 A = _mm512_loadu_ps(a), B = _mm512_loadu_ps(a + 16);
+            _mm512_storeu_ps(a, _mm512_permutex2var_ps(A, x0, B));
+            _mm512_storeu_ps(a + 16, _mm512_permutex2var_ps(A, x1, B));
+        }
+}
+
+static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t0, size_t t1,
+                          const float *qlat, const float *qrope, float *m, float *l, float *acc,
+                          float *work)
+{
+    const float score_scale = 0.07216878364870322f; /* 192^-0.5 */
+    uint16_t *qt = (uint16_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    uint16_t *pt = qt + AM_QT_W, *vt = pt + AM_PT_W, *pad = vt + AM_VT_W;
+    float *sc = (float *)(pad + AM_PAD_W), *st = sc + AM_T * AM_H;
+
+    if (t0 >= t1 || !am_query_tiles(qlat, qrope, qt, pt)) {
+        gen_mla_range(c_kv, k_rope, t0, t1, qlat, qrope, m, l, acc, work);
+        return;
+    }
+    for (int h = 0; h < AM_H; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    memset(acc, 0, (size_t)AM_H * AM_LR * sizeof(float));
+    cpu_amx_mla_begin();
+    for (size_t t = t0; t < t1; t += AM_T) {
+        const int n = t1 - t < AM_T ? (int)(t1 - t) : AM_T;
+        const int blocks = (n + 31) / 32;
+        for (int b = 0; b < blocks; b++) {
+            const size_t r0 = t + 32 * (size_t)b;
+            const int nb = n - 32 * b < 32 ? n - 32 * b : 32;
+            const uint16_t *c = c_kv + r0 * AM_LR, *kr = k_rope + r0 * AM_RP;
+            const uint16_t *pfc = NULL, *pfk = NULL;
+            if (nb < 32) { /* the block's rows, then zeros */
+                memcpy(pad, c, (size_t)nb * AM_LR * 2);
+                memset(pad + (size_t)nb * AM_LR, 0, (size_t)(32 - nb) * AM_LR * 2);
+                memcpy(pad + 32 * AM_LR, kr, (size_t)nb * AM_RP * 2);
+                memset(pad + 32 * AM_LR + (size_t)nb * AM_RP, 0, (size_t)(32 - nb) * AM_RP * 2);
+                c = pad;
+                kr = pad + 32 * AM_LR;
+            } else if (r0 + 64 <= t1) {
+                pfc = c + 32 * AM_LR;
+                pfk = kr + 32 * AM_RP;
+            }
+            cpu_amx_mla_scores(c, kr, qt, sc + (size_t)b * 32 * AM_H, pfc, pfk);
+            am_interleave(c, vt + (size_t)b * 16 * 2 * AM_LR);
+        }
+        /* head by head, its scores (a gather from the [token][head]
+         * rows), maximum, rescale, exp, sum and p's A tile rows */
+        const __m512i rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(AM_H));
+        const __m512 scale = _mm512_set1_ps(score_scale);
+        const int nv = 2 * blocks;      /* vectors of 16 tokens */
+        for (int h = 0; h < AM_H; h++) {
+            float *sh = st + h * AM_T;
+            __m512 v[AM_T / 16], mv = _mm512_set1_ps(m[h]);
+            for (int j = 0; j < nv; j++) {
+                const __mmask16 in = n - 16 * j >= 16 ? 0xffff
+                                     : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
+                v[j] = _mm512_mul_ps(_mm512_i32gather_ps(rows, sc + (size_t)16 * j * AM_H + h, 4),
+                                     scale);
+                /* max_ps gives its second operand where either is NaN, so
+                 * a NaN never becomes the maximum */
+                mv = _mm512_mask_max_ps(mv, in, v[j], mv);
+            }
+            const float mx = _mm512_reduce_max_ps(mv);
+            if (mx > m[h]) { /* rescale what was summed so far */
+                const float f = expf(m[h] - mx);
+                float *ah = acc + h * AM_LR;
+                l[h] *= f;
+                for (int d = 0; d < AM_LR; d += 16)
+                    _mm512_storeu_ps(ah + d, _mm512_mul_ps(_mm512_loadu_ps(ah + d), _mm512_set1_ps(f)));
+                m[h] = mx;
+            }
+            for (int j = 0; j < nv; j++)
+                v[j] = am_exp16(_mm512_sub_ps(v[j], _mm512_set1_ps(mx)), sh);
+            __m512d ls = _mm512_setzero_pd();
+            for (int j = 0; j < nv; j++) {
+                const __mmask16 in = n - 16 * j >= 16 ? 0xffff
+                                     : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
+                v[j] = _mm512_maskz_mov_ps(in, v[j]);
+                ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm512_castps512_ps256(v[j])));
+                ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v[j]), 1))));
+            }
+            l[h] += (float)_mm512_reduce_add_pd(ls);
+            /* p's A tiles: row h % 16 of tiles (h / 16, block, part) */
+            for (int b = 0; b < blocks; b++) {
+                uint16_t *dst = pt + ((size_t)(h / 16) * 6 + 3 * b) * 512 + 32 * (h % 16);
+                __m512i h0, m0, l0, h1, m1, l1;
+                (void)am_split16(v[2 * b], &h0, &m0, &l0);
+                (void)am_split16(v[2 * b + 1], &h1, &m1, &l1);
+                am_store_words(dst, h0, h1);
+                am_store_words(dst + 512, m0, m1);
+                am_store_words(dst + 1024, l0, l1);
+            }
+        }
+        cpu_amx_mla_values(pt, vt, blocks, acc);
+    }
+    cpu_amx_mla_end();
+    am_unpermute(acc);
+}
+
 /* The avx512bf16 kernels, with the GEMVs of cpu_kern_amx.c on the AMX tile
  * unit: from x's bf16 words, or from its three bf16 parts where x is fp32
  * (the expert down inputs, W_v's); the avx512bf16 GEMVs for the rest. */
@@ -205,6 +494,7 @@ const cpu_kernels cpu_kernels_amx = {
     .vsincos = isa_vsincos,
     .dot_bf16_f64 = gen_dot_bf16_f64,
     .kda_head = gen_kda_head,
-    .mla_range = gen_mla_range,
+    .mla_range = amx_mla_range,
+    .mla_work = AM_WORK_F,
 };
 #endif

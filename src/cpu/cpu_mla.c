@@ -3,8 +3,9 @@
  * The absorbed query ql_h = W_k,h q_nope,h uses W_k dequantized once at
  * load (bf16, the reference's exact weights).  The tokens are split across
  * the threads (flash-decoding): each keeps per head a running max, a sum
- * and a weighted latent, merged after; a thread with no token contributes
- * nothing. */
+ * and a weighted latent (the kernels' mla_range: plain vector arithmetic,
+ * or on the amx path both dot products on the tile unit), merged after; a
+ * thread with no token contributes nothing. */
 #include "config.h"
 
 #include <math.h>
@@ -69,7 +70,7 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
                     s->mla_ml + (size_t)t * 2 * NH,
                     s->mla_ml + (size_t)t * 2 * NH + NH,
                     s->mla_acc + (size_t)t * NH * LR,
-                    s->mla_work + (size_t)t * CPU_MLA_WORK);
+                    s->mla_work + (size_t)t * cpu_mla_work(kern));
     cpu_sync(th);
 
 #pragma omp for schedule(dynamic, 1) nowait

@@ -64,7 +64,7 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     s->logits = carve(&c, (size_t)experts * sizeof(float));
     s->mla_ml = carve(&c, (size_t)T * 2 * HD_MLA_HEADS * sizeof(float));
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
-    s->mla_work = carve(&c, (size_t)T * CPU_MLA_WORK * sizeof(float));
+    s->mla_work = carve(&c, (size_t)T * cpu_mla_work(cm->kern) * sizeof(float));
     s->n_ctr = n_layers * CPU_SWEEPS_PER_LAYER;
     s->ctr = carve(&c, (size_t)s->n_ctr * (size_t)T * sizeof(uint64_t));
     s->bar = carve(&c, 64);
