@@ -15,6 +15,12 @@
  * normed inputs), or with --x32 fp32 (the expert down and W_v inputs),
  * which adds W_v's shape.
  *
+ * MLA mode (--mla, CPU backend): the attention's softmax partials of one
+ * MLA layer (the kernels' mla_range: the scores, the softmax and the
+ * weighted sum of the cache rows, all 32 heads) over a cache of --context
+ * tokens cold (rotating through >= 256 MiB of cache copies), the tokens
+ * split across the threads as a step splits them.
+ *
  * A benchmark, not a test: it asserts nothing about times.
  */
 #include "config.h"
@@ -40,7 +46,7 @@ typedef struct bench_config {
     int experts;
     size_t context;
     int steps, warmup, threads;
-    int json, gemv, x32;
+    int json, gemv, x32, mla;
 } bench_config;
 
 static double now_s(void)
@@ -78,6 +84,8 @@ static void usage(FILE *f)
         "                  a plain read of the same bytes (CPU backend)\n"
         "  --x32           with --gemv: x fp32, not bf16 (the expert down and W_v\n"
         "                  inputs), and W_v's shape (32 x 512 x 128 as 512 x 4096) too\n"
+        "  --mla           cold MLA attention microbenchmark: the softmax partials\n"
+        "                  over --context cache rows (CPU backend)\n"
         "  --json          print one JSON object instead of the table\n"
         "  -h, --help      this help\n");
 }
@@ -97,7 +105,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 static int parse_args(int argc, char **argv, bench_config *c)
 {
     enum { O_BACKEND = 256, O_EXPERTS, O_CONTEXT, O_STEPS, O_WARMUP, O_THREADS,
-           O_JSON, O_GEMV, O_X32 };
+           O_JSON, O_GEMV, O_X32, O_MLA };
     static const struct option opts[] = {
         {"backend", required_argument, NULL, O_BACKEND},
         {"experts", required_argument, NULL, O_EXPERTS},
@@ -108,6 +116,7 @@ static int parse_args(int argc, char **argv, bench_config *c)
         {"json", no_argument, NULL, O_JSON},
         {"gemv", no_argument, NULL, O_GEMV},
         {"x32", no_argument, NULL, O_X32},
+        {"mla", no_argument, NULL, O_MLA},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     long v;
@@ -118,7 +127,7 @@ static int parse_args(int argc, char **argv, bench_config *c)
     c->steps = 20;
     c->warmup = 3;
     c->threads = 0;
-    c->json = c->gemv = c->x32 = 0;
+    c->json = c->gemv = c->x32 = c->mla = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case O_BACKEND:
@@ -158,6 +167,9 @@ static int parse_args(int argc, char **argv, bench_config *c)
             break;
         case O_X32:
             c->x32 = 1;
+            break;
+        case O_MLA:
+            c->mla = 1;
             break;
         case 'h':
             usage(stdout);
@@ -462,11 +474,103 @@ static int run_gemv(const bench_config *c)
     }
     return 0;
 }
+
+/* The MLA attention's partials over a cold cache of c->context tokens:
+ * random bf16 rows, an fp32 query of 24 significant bits, each thread its
+ * share of the tokens as in cpu_mla, a barrier after each copy. */
+static int run_mla(const bench_config *c)
+{
+    const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE, NH = HD_MLA_HEADS;
+    const size_t L = c->context;
+    cpu_isa isa;
+    char err[256];
+    if (cpu_choose_isa(&isa, err, sizeof err) != HD_OK) {
+        fprintf(stderr, "hd-bench: %s\n", err);
+        return 1;
+    }
+    if (L == 0) {
+        fprintf(stderr, "hd-bench: --mla needs a context of at least one token\n");
+        return 2;
+    }
+    const cpu_kernels *kern = cpu_kernels_for(isa);
+    const int threads = cpu_resolve_threads(c->threads);
+    const size_t row = (size_t)(LR + RP) * 2;
+    const size_t per = (L * row + 4095) & ~(size_t)4095;
+    const int copies = (int)(((size_t)256 << 20) / per) + 1;
+    const size_t work = cpu_mla_work(kern);
+    uint8_t *all = hd_alloc_aligned(per * (size_t)copies);
+    float *ql = malloc((size_t)NH * LR * sizeof(float));
+    float *qr = malloc((size_t)NH * RP * sizeof(float));
+    float *part = hd_alloc_aligned((size_t)threads * (2 * NH + (size_t)NH * LR + work) * sizeof(float));
+    uint32_t rng = 777u;
+    double best = 1e30, bw = 0;
+
+    if (!all || !ql || !qr || !part) {
+        fprintf(stderr, "hd-bench: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < L * (size_t)(LR + RP); i++) {
+        const uint16_t v = hd_f32_to_bf16((float)((int)(rng_next(&rng) & 0xffff) - 0x8000) / 0x8000);
+        memcpy(all + 2 * i, &v, 2);
+    }
+    for (int i = 1; i < copies; i++)
+        memcpy(all + (size_t)i * per, all, L * row);
+    for (int i = 0; i < NH * LR; i++)
+        ql[i] = (float)((int)(rng_next(&rng) & 0xffffff) - 0x800000) / 0x800000;
+    for (int i = 0; i < NH * RP; i++)
+        qr[i] = hd_bf((float)((int)(rng_next(&rng) & 0xffff) - 0x8000) / 0x8000);
+    hd_host_read_bandwidth((size_t)1 << 30, threads, 3, &bw);
+    for (int rep = 0; rep < 4; rep++) {
+        cpu_bar bar = { 0, 0, 0 };
+        const double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+        {
+            int t = 0, nt = 1;
+#ifdef _OPENMP
+            t = omp_get_thread_num();
+            nt = omp_get_num_threads();
+#endif
+            float *m = part + (size_t)t * (2 * NH + (size_t)NH * LR + work);
+            float *l = m + NH, *acc = l + NH, *w = acc + (size_t)NH * LR;
+            for (int i = 0; i < copies; i++) {
+                const uint16_t *ckv = (const uint16_t *)(const void *)(all + (size_t)i * per);
+                kern->mla_range(ckv, ckv + L * LR, L * (size_t)t / (size_t)nt,
+                                L * (size_t)(t + 1) / (size_t)nt, ql, qr, m, l, acc, w);
+                cpu_barrier(&bar, nt);
+            }
+        }
+        const double dt = (now_s() - t0) / copies;
+        if (dt < best)
+            best = dt;
+    }
+    if (c->json)
+        printf("{\"mode\": \"mla\", \"backend\": \"cpu\", \"isa\": \"%s\", \"threads\": %d, "
+               "\"context\": %zu, \"bytes\": %zu, \"copies\": %d, \"mla_us\": %.1f, "
+               "\"read_us\": %.1f, \"membw_GBps\": %.2f}\n", kern->name, threads, L, L * row,
+               copies, best * 1e6, (double)(L * row) / bw * 1e6, bw / 1e9);
+    else
+        printf("MLA attention, cpu (%s, %d threads), %zu tokens (%zu bytes of cache, cold, %d "
+               "copies): %.1f us (%.1f ns a token); a read of the same bytes at %.1f GB/s: "
+               "%.1f us\n", kern->name, threads, L, L * row, copies, best * 1e6,
+               best * 1e9 / (double)L, bw / 1e9, (double)(L * row) / bw * 1e6);
+    hd_free_aligned(all);
+    hd_free_aligned(part);
+    free(ql);
+    free(qr);
+    return 0;
+}
 #else
 static int run_gemv(const bench_config *c)
 {
     (void)c;
     fprintf(stderr, "hd-bench: --gemv needs the cpu backend, which this build lacks\n");
+    return 1;
+}
+
+static int run_mla(const bench_config *c)
+{
+    (void)c;
+    fprintf(stderr, "hd-bench: --mla needs the cpu backend, which this build lacks\n");
     return 1;
 }
 #endif
@@ -476,5 +580,5 @@ int main(int argc, char **argv)
     bench_config c;
     if (parse_args(argc, argv, &c) != 0)
         return 2;
-    return c.gemv ? run_gemv(&c) : run_steps(&c);
+    return c.gemv ? run_gemv(&c) : c.mla ? run_mla(&c) : run_steps(&c);
 }
