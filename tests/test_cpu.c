@@ -1068,7 +1068,8 @@ END_TEST
 /* Every path's MLA softmax partials (mla_range: per head the maximum m,
  * the sum l of exp(score - m) and acc = sum exp(score - m) c_kv) against
  * the same in double, over ranges that start and end inside the kernels'
- * chunks and blocks, are empty or one token: m, and acc / l (the head's
+ * chunks and blocks (the amx path takes 64 tokens or more, in chunks of
+ * 64 and blocks of 32), are empty or one token: m, and acc / l (the head's
  * latent), within fp32 summation error.  The cache holds bf16 rows of
  * magnitudes 2^-6 .. 2^2, the query fp32 values of 24 bits (the amx path
  * splits them into three bf16 parts), with a ramp on the rope part so that
@@ -1129,10 +1130,11 @@ static double mla_range_err(const cpu_kernels *k, const uint16_t *c_kv, const ui
 START_TEST(test_mla_range)
 {
     const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE, NH = HD_MLA_HEADS;
-    static const size_t ranges_full[][2] = { { 0, 0 },   { 0, 1 },    { 7, 8 },     { 3, 37 },
-                                             { 5, 69 },  { 0, 64 },   { 64, 160 },  { 31, 95 },
-                                             { 0, 300 }, { 1, 1000 }, { 100, 2148 } };
-    static const size_t ranges_small[][2] = { { 0, 0 }, { 0, 1 }, { 3, 37 }, { 5, 69 }, { 31, 130 } };
+    static const size_t ranges_full[][2] = { { 0, 0 },    { 0, 1 },    { 7, 8 },    { 3, 37 },
+                                             { 5, 68 },   { 5, 69 },   { 3, 80 },   { 10, 107 },
+                                             { 0, 64 },   { 64, 160 }, { 31, 95 },  { 0, 300 },
+                                             { 1, 1000 }, { 100, 2148 } };
+    static const size_t ranges_small[][2] = { { 0, 0 }, { 0, 1 }, { 3, 37 }, { 3, 80 }, { 31, 130 } };
     const size_t (*ranges)[2] = tu_small() ? ranges_small : ranges_full;
     const size_t n_ranges = tu_small() ? sizeof ranges_small / sizeof ranges_small[0]
                                        : sizeof ranges_full / sizeof ranges_full[0];
