@@ -89,19 +89,21 @@ static inline __attribute__((always_inline)) void amx_load_config(const amx_conf
     _tile_loadconfig(c);
 }
 
-/* Tiles 0-3: the C sums of the group's four A tiles (16 columns x 4 P
- * fp32: the products of A tile q with x's four B columns q P .. q P + P -
- * 1 of the group, of which C tile q uses only its own); 4, 5: A (16
- * columns x 32 bf16 weights); 6, 7: B, one a group, alternating (16 input
- * pairs x 4 tiles x P parts). */
-static void amx_configure(int parts)
+/* Every tile 16 rows; tiles 4 and 5 of 64 bytes, the others of cb.  The
+ * GEMV (cb = 16 P, P the parts of x): tiles 0-3 the C sums of the
+ * group's four A tiles (16 columns x 4 P fp32: the products of A tile q
+ * with x's four B columns q P .. q P + P - 1 of the group, of which C tile
+ * q uses only its own); 4, 5: A (16 columns x 32 bf16 weights); 6, 7: B,
+ * one a group, alternating (16 input pairs x 4 tiles x P parts).  The MLA
+ * attention (cb = 64): every tile 16 x 64 bytes. */
+static void amx_configure(int cb)
 {
     _Alignas(64) amx_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 8; i++) {
         c.rows[i] = 16;
-        c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 16 * parts);
+        c.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : cb);
     }
     amx_load_config(&c);
 }
@@ -266,7 +268,7 @@ static void amx_blocks(const uint8_t *tiles, int a0, int a1, int groups,
                        const uint16_t *xt, int parts, float *y)
 {
     const size_t ps = (size_t)groups * CPU_TILE_BYTES;
-    amx_configure(parts);
+    amx_configure(16 * parts);
     for (int p = a0; p < a1; p += AMX_PAIRS)
         amx_block(tiles + (size_t)p * ps, ps, groups, xt, parts, y + 2 * p);
     _tile_release();
@@ -313,14 +315,7 @@ void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int
  * 16 x 16 fp32. */
 void cpu_amx_mla_begin(void)
 {
-    _Alignas(64) amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        c.rows[i] = 16;
-        c.colsb[i] = 64;
-    }
-    amx_load_config(&c);
+    amx_configure(64);
 }
 
 void cpu_amx_mla_end(void)

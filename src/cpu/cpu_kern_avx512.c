@@ -227,10 +227,12 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
 #define AM_PT_W ((size_t)12 * 512)                      /* p's A tiles */
 #define AM_VT_W ((size_t)2 * 16 * 2 * AM_LR)            /* values' B tiles */
 #define AM_PAD_W ((size_t)32 * (AM_LR + AM_RP))         /* a partial block */
-#define AM_SC_F ((size_t)2 * AM_T * AM_H)               /* scores, twice */
+#define AM_SC_F ((size_t)AM_T * AM_H + 16)             /* scores; exp's */
 #define AM_WORK_F ((AM_QT_W + AM_PT_W + AM_VT_W + AM_PAD_W) / 2 + AM_SC_F + 16)
 _Static_assert(AM_H == 32 && AM_LR % 32 == 0 && AM_RP % 32 == 0,
                "the tile layouts of cpu_amx_mla_scores and _values");
+_Static_assert(AM_PT_W + AM_VT_W + AM_PAD_W >= (size_t)3 * AM_H * AM_LR,
+               "am_query_tiles' parts fit where p's and the values' tiles go later");
 
 /* bf16 of 16 floats, rounded to nearest even, in the low words of the
  * lanes (hd_f32_to_bf16 without its NaN case: the callers keep NaN
@@ -390,7 +392,12 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
     const float score_scale = 0.07216878364870322f; /* 192^-0.5 */
     uint16_t *qt = (uint16_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
     uint16_t *pt = qt + AM_QT_W, *vt = pt + AM_PT_W, *pad = vt + AM_VT_W;
-    float *sc = (float *)(pad + AM_PAD_W), *st = sc + AM_T * AM_H;
+    float *sc = (float *)(pad + AM_PAD_W), *etmp = sc + AM_T * AM_H;
+    /* the gather of a head's scores from the [token][head] rows */
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(AM_H));
+    const __m512 scale = _mm512_set1_ps(score_scale);
 
     /* a short range: the query's tiles (about 20 us) would cost more than
      * the tile unit saves (`hd-bench --mla --threads 1`: 19.7 against 3.9 us
@@ -428,23 +435,21 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
             am_interleave(c, vt + (size_t)b * 16 * 2 * AM_LR);
         }
         /* head by head, its scores (a gather from the [token][head]
-         * rows), maximum, rescale, exp, sum and p's A tile rows */
-        const __m512i rows = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(AM_H));
-        const __m512 scale = _mm512_set1_ps(score_scale);
+         * rows), maximum, rescale, exp, sum and p's A tile rows; in[j]:
+         * the lanes of vector j (16 tokens) inside the chunk's n */
         const int nv = 2 * blocks;      /* vectors of 16 tokens */
+        __mmask16 in[AM_T / 16];
+        for (int j = 0; j < nv; j++)
+            in[j] = n - 16 * j >= 16 ? 0xffff
+                    : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
         for (int h = 0; h < AM_H; h++) {
-            float *sh = st + h * AM_T;
             __m512 v[AM_T / 16], mv = _mm512_set1_ps(m[h]);
             for (int j = 0; j < nv; j++) {
-                const __mmask16 in = n - 16 * j >= 16 ? 0xffff
-                                     : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
                 v[j] = _mm512_mul_ps(_mm512_i32gather_ps(rows, sc + (size_t)16 * j * AM_H + h, 4),
                                      scale);
                 /* max_ps gives its second operand where either is NaN, so
                  * a NaN never becomes the maximum */
-                mv = _mm512_mask_max_ps(mv, in, v[j], mv);
+                mv = _mm512_mask_max_ps(mv, in[j], v[j], mv);
             }
             const float mx = _mm512_reduce_max_ps(mv);
             if (mx > m[h]) { /* rescale what was summed so far */
@@ -456,12 +461,10 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
                 m[h] = mx;
             }
             for (int j = 0; j < nv; j++)
-                v[j] = am_exp16(_mm512_sub_ps(v[j], _mm512_set1_ps(mx)), sh);
+                v[j] = am_exp16(_mm512_sub_ps(v[j], _mm512_set1_ps(mx)), etmp);
             __m512d ls = _mm512_setzero_pd();
             for (int j = 0; j < nv; j++) {
-                const __mmask16 in = n - 16 * j >= 16 ? 0xffff
-                                     : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
-                v[j] = _mm512_maskz_mov_ps(in, v[j]);
+                v[j] = _mm512_maskz_mov_ps(in[j], v[j]);
                 ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm512_castps512_ps256(v[j])));
                 ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v[j]), 1))));
             }
