@@ -584,10 +584,12 @@ START_TEST(test_qmat_normal)
     ck_assert_int_eq(cpu_table_normal(0x0400, 0x3f00), 0);
     ck_assert_int_eq(cpu_table_normal(0x3f80, 0x8000), 1);  /* z -0 */
     rand_qweights(&r, K, N, 0, 0, w_q, sc, ze);
-    /* both layouts (the flag does not depend on the order of the bytes),
-     * and the part with a bad column: none, the first, the second */
-    for (int lb = 0; lb < 6; lb++) {
-        const cpu_layout layout = lb < 3 ? CPU_LAYOUT_PAIRED : CPU_LAYOUT_SLICED;
+    /* the three layouts (the flag does not depend on the order of the
+     * bytes or the tiles), and the part with a bad column: none, the
+     * first, the second */
+    for (int lb = 0; lb < 9; lb++) {
+        const cpu_layout layout = lb < 3 ? CPU_LAYOUT_PAIRED
+                                : lb < 6 ? CPU_LAYOUT_SLICED : CPU_LAYOUT_BLOCKED;
         const int bad = lb % 3 - 1;
         cpu_qmat m;
         ck_assert_int_eq(cpu_qmat_alloc(&m, K, 2 * N, 1, layout), HD_OK);

@@ -35,6 +35,16 @@
  * 16 consecutive inputs each, with no widening of bytes to words (which
  * took the shuffle ports that vpermw needs).  The scales and zeros are
  * where they are in the paired layout.
+ *
+ * The AMX kernels take the sliced tiles in another order of the tiles, the
+ * blocked layout (CPU_LAYOUT_BLOCKED): the pairs in blocks of 8
+ * (CPU_BLOCK_PAIRS, the pairs of one AMX block), a block's tiles group by
+ * group ([block][group][8 pairs], cpu_tile_at), so that a block, which
+ * reads its 8 pairs a group at a time, reads one stream of memory and not
+ * 8 streams a pair apart (the cores' prefetchers follow one stream
+ * sooner).  A matrix whose pair count is not a multiple of 8 has its last
+ * block padded with zero tiles, so that a tile's place never depends on
+ * the pair count.
  */
 #ifndef HD_CPU_H
 #define HD_CPU_H
@@ -52,8 +62,21 @@
 /* The order of a tile's 128 weight bytes (above). */
 typedef enum cpu_layout {
     CPU_LAYOUT_PAIRED = 0,          /* portable, avx2, avx512 */
-    CPU_LAYOUT_SLICED = 1           /* avx512bf16 */
+    CPU_LAYOUT_SLICED = 1,          /* avx512bf16 */
+    CPU_LAYOUT_BLOCKED = 2          /* amx: sliced tiles, 8 pairs a block */
 } cpu_layout;
+
+#define CPU_BLOCK_PAIRS 8           /* pairs of a block (blocked layout)  */
+
+/* The byte offset of tile (pair p, group g) in a matrix of `groups`
+ * groups in `layout`. */
+static inline size_t cpu_tile_at(cpu_layout layout, int groups, int p, int g)
+{
+    if (layout == CPU_LAYOUT_BLOCKED)
+        return (((size_t)(p / CPU_BLOCK_PAIRS) * (size_t)groups + (size_t)g) *
+                    CPU_BLOCK_PAIRS + (size_t)(p % CPU_BLOCK_PAIRS)) * CPU_TILE_BYTES;
+    return ((size_t)p * (size_t)groups + (size_t)g) * CPU_TILE_BYTES;
+}
 
 typedef enum cpu_isa {
     CPU_ISA_PORTABLE = 0,
@@ -83,9 +106,10 @@ static inline int cpu_table_normal(uint16_t s, uint16_t z)
  * the repacking; the data never change), so the kernels that would check
  * it per tile need not. */
 typedef struct cpu_qmat {
-    uint8_t *tiles;                 /* [count][pairs][groups][136]         */
+    uint8_t *tiles;                 /* [count][member_tiles][136]          */
     int k, n, groups, pairs, count;
-    size_t member_tiles;            /* pairs * groups                      */
+    size_t member_tiles;            /* pairs * groups, the pairs rounded up
+                                     * to a multiple of 8 where blocked    */
     int normal;
     cpu_layout layout;              /* the kernels' (cpu_kernels.layout)   */
 } cpu_qmat;
@@ -236,6 +260,13 @@ void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const float *xe, float *y);
 void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int groups,
                                   const float *xd, float *y);
+/* The same three on tiles in the blocked layout (the AMX kernels'). */
+void cpu_avx512bf16_gemv_pairs_blk(const uint8_t *tiles, int p0, int p1,
+                                   int groups, int normal, const uint16_t *xb, float *y);
+void cpu_avx512bf16_gemv_pairs_f32_blk(const uint8_t *tiles, int p0, int p1,
+                                       int groups, int normal, const float *xe, float *y);
+void cpu_avx512bf16_gemv_pairs_xd_blk(const uint8_t *tiles, int p0, int p1, int groups,
+                                      const float *xd, float *y);
 #endif
 
 /* Which of x's layouts (cpu_xq) are kept for the kernels kern: its bf16

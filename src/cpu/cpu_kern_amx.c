@@ -15,8 +15,9 @@
  *
  * How.  A block is 8 column pairs (16 columns).  For each group (128
  * inputs) the block's 16 columns are looked up into four 16 x 32 bf16 A
- * tiles in memory, one row per column: with the tiles in the sliced
- * layout (cpu.h), a column's 64 bytes are 32 words, word w holding four
+ * tiles in memory, one row per column: with the tiles in the blocked
+ * layout (cpu.h: the sliced tiles, a block's group by group, so a block
+ * reads one stream), a column's 64 bytes are 32 words, word w holding four
  * inputs in its four nibbles; the words as loaded index the column's
  * table with nibble 0, shifted right by 4 with nibble 1, and loaded one
  * byte later (the high byte of each word in its low byte) with nibble 2,
@@ -62,7 +63,7 @@
 
 #include "cpu.h"
 
-#define AMX_PAIRS 8
+#define AMX_PAIRS CPU_BLOCK_PAIRS
 #ifndef MLA_PF_HINT
 #define MLA_PF_HINT _MM_HINT_T1
 #endif
@@ -165,14 +166,14 @@ amx_tile_step(int s, uint16_t (*a)[16][32], const uint16_t *xg, int xstride)
 }
 #undef AMX_STEP
 
-/* y[0 .. 16) = the 16 columns of the 8 pairs at ta (pair stride ps) times
- * x (at xt: one B tile a group, 128 * parts words).  The tile work
- * of a group is issued one tile at a time among the next group's lookups,
- * after every second pair: issued together after the group's lookups, it
- * added to their time rather than overlapping it (11 % more a GEMV in a
- * harness, docs/PERFORMANCE.md). */
-static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *xt,
-                      int parts, float *y)
+/* y[0 .. 16) = the 16 columns of the block at ta (8 pairs in the blocked
+ * layout: its tiles group by group, 8 a group) times x (at xt: one B tile
+ * a group, 128 * parts words).  The tile work of a group is issued one
+ * tile at a time among the next group's lookups, after every second pair:
+ * issued together after the group's lookups, it added to their time
+ * rather than overlapping it (11 % more a GEMV in a harness,
+ * docs/PERFORMANCE.md). */
+static void amx_block(const uint8_t *ta, int groups, const uint16_t *xt, int parts, float *y)
 {
     /* two sets of A rows: a group's lookups fill one while the tile loads
      * of the group before read the other */
@@ -180,6 +181,7 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
     _Alignas(64) float cs[4][16][12];
     const size_t xs = (size_t)128 * (size_t)parts; /* words of x a group */
     const int xstride = 16 * parts;
+    const size_t gb = (size_t)AMX_PAIRS * CPU_TILE_BYTES;   /* bytes a group */
 
     _tile_zero(0);
     _tile_zero(1);
@@ -187,29 +189,27 @@ static void amx_block(const uint8_t *ta, size_t ps, int groups, const uint16_t *
     _tile_zero(3);
     for (int g = 0; g < groups; g++) {
         uint16_t(*buf)[16][32] = abuf[g & 1];
-        const size_t off = (size_t)g * CPU_TILE_BYTES;
+        const size_t off = (size_t)g * gb;
         /* unrolled, so that the tile steps' cases are known when
          * compiling (3-7 % faster in a harness) */
 #pragma GCC unroll 8
         for (int j = 0; j < AMX_PAIRS; j++) {
-            const uint8_t *t = ta + (size_t)j * ps + off;
-            /* The next block, linearly: its 8 * groups tiles, 8 per
-             * group.  The block reads its 8 pairs' streams a group at a
-             * time, strides the hardware prefetcher did not follow:
-             * prefetching each stream a few groups ahead instead left a
-             * core at 6.5 GB/s with the weights cold, this at 10.5
-             * (against 8-9.6 for the avx512bf16 kernels).  Into L2 only
-             * (T1): a block of K = 4096 is 35 KB, most of L1, and the
-             * GEMV with its weights cold took 4-9 % longer with T0. */
-            const char *pf = (const char *)ta + (size_t)AMX_PAIRS * ps +
-                             ((size_t)g * AMX_PAIRS + (size_t)j) * CPU_TILE_BYTES;
+            const uint8_t *t = ta + off + (size_t)j * CPU_TILE_BYTES;
+            /* The next block, one tile's worth a pair, into L2 only (T1):
+             * a block of K = 4096 is 35 KB, most of L1, and the GEMV with
+             * its weights cold took 4-9 % longer with T0.  Before the
+             * blocked layout a block read 8 streams a pair apart, which
+             * the hardware prefetcher did not follow: prefetching each a
+             * few groups ahead left a core at 6.5 GB/s with the weights
+             * cold, this at 10.5. */
+            const char *pf = (const char *)ta + (size_t)groups * gb + off +
+                             (size_t)j * CPU_TILE_BYTES;
             _mm_prefetch(pf, _MM_HINT_T1);
             _mm_prefetch(pf + 64, _MM_HINT_T1);
-            /* This pair's tile AMX_L1_AHEAD groups on, into L1: the block
-             * reads its 8 pairs as 8 streams a tile apart, which the
-             * core's own prefetchers follow late */
+            /* This block's tiles AMX_L1_AHEAD groups on, into L1 (2-6 %
+             * less time cold, one thread, docs/PERFORMANCE.md) */
             if (g + AMX_L1_AHEAD < groups) {
-                const char *q1 = (const char *)t + AMX_L1_AHEAD * CPU_TILE_BYTES;
+                const char *q1 = (const char *)t + AMX_L1_AHEAD * gb;
                 _mm_prefetch(q1, _MM_HINT_T0);
                 _mm_prefetch(q1 + 64, _MM_HINT_T0);
                 _mm_prefetch(q1 + CPU_TILE_BYTES - 1, _MM_HINT_T0);
@@ -267,10 +267,10 @@ static int amx_span(int p0, int p1, int *a0, int *a1)
 static void amx_blocks(const uint8_t *tiles, int a0, int a1, int groups,
                        const uint16_t *xt, int parts, float *y)
 {
-    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
     amx_configure(16 * parts);
     for (int p = a0; p < a1; p += AMX_PAIRS)
-        amx_block(tiles + (size_t)p * ps, ps, groups, xt, parts, y + 2 * p);
+        amx_block(tiles + cpu_tile_at(CPU_LAYOUT_BLOCKED, groups, p, 0), groups, xt, parts,
+                  y + 2 * p);
     _tile_release();
 }
 
@@ -281,14 +281,14 @@ void cpu_amx_gemv_pairs_x1(const uint8_t *tiles, int p0, int p1, int groups, int
 {
     int a0, a1;
     if (!normal || !amx_span(p0, p1, &a0, &a1)) {
-        cpu_avx512bf16_gemv_pairs(tiles, p0, p1, groups, normal, xb, y);
+        cpu_avx512bf16_gemv_pairs_blk(tiles, p0, p1, groups, normal, xb, y);
         return;
     }
     if (p0 < a0)
-        cpu_avx512bf16_gemv_pairs(tiles, p0, a0, groups, normal, xb, y);
+        cpu_avx512bf16_gemv_pairs_blk(tiles, p0, a0, groups, normal, xb, y);
     amx_blocks(tiles, a0, a1, groups, xt, 1, y);
     if (a1 < p1)
-        cpu_avx512bf16_gemv_pairs(tiles, a1, p1, groups, normal, xb, y);
+        cpu_avx512bf16_gemv_pairs_blk(tiles, a1, p1, groups, normal, xb, y);
 }
 
 /* x's three parts in the tiles' order (cpu_xq.xt, x3); its xe floats for
@@ -298,14 +298,14 @@ void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int
 {
     int a0, a1;
     if (!normal || !amx_span(p0, p1, &a0, &a1)) {
-        cpu_avx512bf16_gemv_pairs_f32(tiles, p0, p1, groups, normal, xe, y);
+        cpu_avx512bf16_gemv_pairs_f32_blk(tiles, p0, p1, groups, normal, xe, y);
         return;
     }
     if (p0 < a0)
-        cpu_avx512bf16_gemv_pairs_f32(tiles, p0, a0, groups, normal, xe, y);
+        cpu_avx512bf16_gemv_pairs_f32_blk(tiles, p0, a0, groups, normal, xe, y);
     amx_blocks(tiles, a0, a1, groups, xt, 3, y);
     if (a1 < p1)
-        cpu_avx512bf16_gemv_pairs_f32(tiles, a1, p1, groups, normal, xe, y);
+        cpu_avx512bf16_gemv_pairs_f32_blk(tiles, a1, p1, groups, normal, xe, y);
 }
 
 /* ---- The MLA attention's multiply-adds (cpu_kern_avx512.c's

@@ -491,11 +491,11 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
  * (the expert down inputs, W_v's); the avx512bf16 GEMVs for the rest. */
 const cpu_kernels cpu_kernels_amx = {
     .name = "amx",
-    .layout = CPU_LAYOUT_SLICED,
-    .gemv_pairs = cpu_avx512bf16_gemv_pairs_xd,
-    .gemv_pairs_bf16 = cpu_avx512bf16_gemv_pairs,
+    .layout = CPU_LAYOUT_BLOCKED,
+    .gemv_pairs = cpu_avx512bf16_gemv_pairs_xd_blk,
+    .gemv_pairs_bf16 = cpu_avx512bf16_gemv_pairs_blk,
     .gemv_pairs_x1 = cpu_amx_gemv_pairs_x1,
-    .gemv_pairs_f32 = cpu_avx512bf16_gemv_pairs_f32,
+    .gemv_pairs_f32 = cpu_avx512bf16_gemv_pairs_f32_blk,
     .gemv_pairs_x3 = cpu_amx_gemv_pairs_x3,
     .absorb = gen_absorb,
     .vexp = isa_vexp,

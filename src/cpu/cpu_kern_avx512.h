@@ -42,6 +42,15 @@ static inline __attribute__((always_inline)) void pf_tail_step(const uint8_t *t)
     _mm_prefetch((const char *)(t + PF_BYTES + 72), _MM_HINT_T0);
 }
 
+/* A tile's three cache lines (136 bytes from t, wherever t is in its
+ * line), into L1. */
+static inline __attribute__((always_inline)) void pf_tile(const uint8_t *t)
+{
+    _mm_prefetch((const char *)t, _MM_HINT_T0);
+    _mm_prefetch((const char *)t + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)t + CPU_TILE_BYTES - 1, _MM_HINT_T0);
+}
+
 /* (v - z) * s rounded to bf16, in the high half of each dword: u + 0x8000,
  * less one on an exact tie whose bit 16 is clear (round to nearest even,
  * as tile_tables of cpu_kern_avx2.c). */

@@ -196,19 +196,23 @@ sliced_tables(const uint8_t *t, const int checked, __m256i *T)
     return 0;
 }
 
-/* The columns of nt tiles (1 or 2; tile j's group g at ta + j ps + g
- * CPU_TILE_BYTES) times x into y[0 .. 2 nt); checked: test every tile
- * (tile_normal) and give one whose weights may be subnormal tile_table's
- * exact words and FMAs.  The tables of group g + 1 are built while group
- * g streams (the last group's twice: no branch). */
+/* The columns of nt tiles (1 or 2; the first's group g at ta + g gs,
+ * the second's at tb + g gs) times x into y[0 .. 2 nt); checked: test
+ * every tile (tile_normal) and give one whose weights may be subnormal
+ * tile_table's exact words and FMAs.  The tables of group g + 1 are built
+ * while group g streams (the last group's twice: no branch).  blocked:
+ * the tiles are in the blocked layout (gs = 8 CPU_TILE_BYTES), each
+ * prefetched PF_GROUPS groups ahead; else in the sliced one (gs =
+ * CPU_TILE_BYTES, tb = ta + the pair's bytes), the two pairs' bytes one
+ * stream prefetched PF_AHEAD ahead. */
+#define PF_GROUPS 4
 static inline __attribute__((always_inline)) void
-sliced_pass(const uint8_t *ta, size_t ps, const int nt, int groups, const int checked,
-            const int xm, const void *x, float *y)
+sliced_pass(const uint8_t *ta, const uint8_t *tb, const size_t gs, const int nt, int groups,
+            const int checked, const int xm, const void *x, float *y, const int blocked)
 {
     const size_t xstride = xm == X_DOT ? CPU_GROUP * sizeof(uint16_t)
                          : xm == X_XE  ? CPU_GROUP * sizeof(float)
                                        : 2 * CPU_GROUP * sizeof(float);
-    const uint8_t *tb = ta + ps;
     const char *pf = (const char *)ta + PF_AHEAD;
     __m256 a0[4], a1[4], b0[4], b1[4];
     __m256i TA[2], TB[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
@@ -219,15 +223,20 @@ sliced_pass(const uint8_t *ta, size_t ps, const int nt, int groups, const int ch
     if (nt == 2)
         okb = sliced_tables(tb, checked, TB);
     for (int g = 0; g < groups; g++) {
-        const size_t off = (size_t)g * CPU_TILE_BYTES;
-        const size_t nx = (size_t)(g + 1 < groups ? g + 1 : g) * CPU_TILE_BYTES;
+        const size_t off = (size_t)g * gs;
+        const size_t nx = (size_t)(g + 1 < groups ? g + 1 : g) * gs;
         const void *xg = (const char *)x + (size_t)g * xstride;
         __m256i NA[2], NB[2];
         int nka, nkb = 1;
-        if (nt == 2)
+        if (blocked) {
+            pf_tile(ta + off + PF_GROUPS * gs);
+            if (nt == 2)
+                pf_tile(tb + off + PF_GROUPS * gs);
+        } else if (nt == 2) {
             pf = pf_pass_step(pf);
-        else
+        } else {
             pf_tail_step(ta + off);
+        }
         nka = sliced_tables(ta + nx, checked, NA);
         if (nt == 2)
             nkb = sliced_tables(tb + nx, checked, NB);
@@ -252,17 +261,22 @@ sliced_pass(const uint8_t *ta, size_t ps, const int nt, int groups, const int ch
     }
 }
 
-/* Columns of pairs [p0, p1) times x, two pairs per pass. */
+/* Columns of pairs [p0, p1) times x, two pairs per pass; the tiles in
+ * the blocked layout where blocked, else in the sliced one. */
 static inline __attribute__((always_inline)) void
 sliced_pairs(const uint8_t *tiles, int p0, int p1, int groups, const int checked,
-             const int xm, const void *x, float *y)
+             const int xm, const void *x, float *y, const int blocked)
 {
-    const size_t ps = (size_t)groups * CPU_TILE_BYTES;
+    const cpu_layout lay = blocked ? CPU_LAYOUT_BLOCKED : CPU_LAYOUT_SLICED;
+    const size_t gs = blocked ? CPU_BLOCK_PAIRS * CPU_TILE_BYTES : CPU_TILE_BYTES;
     int p = p0;
     for (; p + 2 <= p1; p += 2)
-        sliced_pass(tiles + (size_t)p * ps, ps, 2, groups, checked, xm, x, y + 2 * p);
+        sliced_pass(tiles + cpu_tile_at(lay, groups, p, 0),
+                    tiles + cpu_tile_at(lay, groups, p + 1, 0), gs, 2, groups, checked, xm,
+                    x, y + 2 * p, blocked);
     if (p < p1)
-        sliced_pass(tiles + (size_t)p * ps, ps, 1, groups, checked, xm, x, y + 2 * p);
+        sliced_pass(tiles + cpu_tile_at(lay, groups, p, 0), NULL, gs, 1, groups, checked,
+                    xm, x, y + 2 * p, blocked);
 }
 
 /* x's bf16 words (cpu_xq.xb).  Not testing the tiles (normal: every tile
@@ -271,9 +285,18 @@ void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                int groups, int normal, const uint16_t *xb, float *y)
 {
     if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y);
+        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y, 0);
     else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y);
+        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y, 0);
+}
+
+void cpu_avx512bf16_gemv_pairs_blk(const uint8_t *tiles, int p0, int p1,
+                                   int groups, int normal, const uint16_t *xb, float *y)
+{
+    if (normal)
+        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y, 1);
+    else
+        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y, 1);
 }
 
 /* ---- fp32 x ----
@@ -296,14 +319,29 @@ void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const float *xe, float *y)
 {
     if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y);
+        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y, 0);
     else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y);
+        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y, 0);
+}
+
+void cpu_avx512bf16_gemv_pairs_f32_blk(const uint8_t *tiles, int p0, int p1,
+                                       int groups, int normal, const float *xe, float *y)
+{
+    if (normal)
+        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y, 1);
+    else
+        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y, 1);
 }
 
 /* x's floats in the xd layout: every tile tested (no normal flag here). */
 void cpu_avx512bf16_gemv_pairs_xd(const uint8_t *tiles, int p0, int p1, int groups,
                                   const float *xd, float *y)
 {
-    sliced_pairs(tiles, p0, p1, groups, 1, X_XD, xd, y);
+    sliced_pairs(tiles, p0, p1, groups, 1, X_XD, xd, y, 0);
+}
+
+void cpu_avx512bf16_gemv_pairs_xd_blk(const uint8_t *tiles, int p0, int p1, int groups,
+                                      const float *xd, float *y)
+{
+    sliced_pairs(tiles, p0, p1, groups, 1, X_XD, xd, y, 1);
 }

@@ -15,13 +15,17 @@ hd_status cpu_qmat_alloc(cpu_qmat *m, int k, int n, int count, cpu_layout layout
     m->count = count;
     m->groups = k / CPU_GROUP;
     m->pairs = n / 2;
-    m->member_tiles = (size_t)m->groups * (size_t)m->pairs;
+    /* blocked: the last block padded to 8 pairs (cpu.h) */
+    const size_t padded = layout == CPU_LAYOUT_BLOCKED
+        ? ((size_t)m->pairs + CPU_BLOCK_PAIRS - 1) / CPU_BLOCK_PAIRS * CPU_BLOCK_PAIRS
+        : (size_t)m->pairs;
+    m->member_tiles = (size_t)m->groups * padded;
     m->normal = 1;
     m->layout = layout;
     if (!hd_mul_size(m->member_tiles, (size_t)count, &tiles) ||
         !hd_mul_size(tiles, CPU_TILE_BYTES, &bytes))
         return HD_ERR_OUT_OF_MEMORY;
-    m->tiles = hd_alloc_aligned(bytes);
+    m->tiles = hd_alloc_aligned(bytes);     /* zeroed, the padding too */
     return m->tiles ? HD_OK : HD_ERR_OUT_OF_MEMORY;
 }
 
@@ -46,7 +50,7 @@ static int pack_tile(uint8_t *dst, const hd_qlinear *q, int n, int g, cpu_layout
     int normal = 1;
     const size_t N = (size_t)q->n;
     for (int half = 0; half < 2; half++) {
-        if (layout == CPU_LAYOUT_SLICED) {
+        if (layout != CPU_LAYOUT_PAIRED) {
             /* column half's chunk c, word j: inputs 64c + j + 16i, nibble i */
             for (int c = 0; c < 2; c++)
                 for (int j = 0; j < 16; j++) {
@@ -86,8 +90,7 @@ void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
     int normal = 1;
     for (int p = 0; p < ncols / 2; p++)
         for (int g = 0; g < m->groups; g++)
-            normal &= pack_tile(base + ((size_t)(dst_col0 / 2 + p) * (size_t)m->groups +
-                                        (size_t)g) * CPU_TILE_BYTES,
+            normal &= pack_tile(base + cpu_tile_at(m->layout, m->groups, dst_col0 / 2 + p, g),
                                 &q, src_col0 + 2 * p, g, m->layout);
     /* parts of one matrix may be packed by several threads at once (only
      * ever clearing the flag) */
