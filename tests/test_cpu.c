@@ -919,10 +919,12 @@ static size_t amx_x_at(int k, int parts)
  * NaN whose bf16 rounding wraps to zero, with a subnormal part, with parts
  * that underflow and one whose third part rounds away stay on the fp32
  * FMAs (x3 0); a matrix with subnormal weights (normal 0) on the avx512bf16
- * kernels.  Pair counts not multiples of 8 cover the tails. */
+ * kernels.  Pair counts not multiples of 8 cover the tails; K 128 N 48,
+ * three blocks of one group, the pipeline of blocks where a block's sums
+ * wait a whole block to be added up (cpu_kern_amx.c). */
 START_TEST(test_amx_gemv)
 {
-    static const int shapes[][2] = { { 128, 16 }, { 512, 34 }, { 1024, 256 },
+    static const int shapes[][2] = { { 128, 16 }, { 128, 48 }, { 512, 34 }, { 1024, 256 },
                                      { 4096, 98 }, { 2304, 64 }, { 1024, 66 } };
     static const int one_at[] = { 0, 1, 15, 16, 31, 32, 33, 47, 48, 63, 64, 65, 95, 96,
                                   127, 128, 129, 160, 191, 192, 255, 256 };

@@ -29,13 +29,16 @@
  * + 16 n + p % 16 of the group, and x is in that order (cpu_xq.xt, made
  * by cpu_prepare_x) as one B tile a group: 16 rows (input pairs) of one
  * column per A tile for a bf16 x (cpu_xq.x1) or three for an fp32 x (hi,
- * mid, lo: cpu_xq.x3).  TDPBF16PS multiplies A tile n by the whole B tile
- * into C tile n (one per tile of the group, so four chains), whose columns
- * of tile n are the ones kept: the tile unit's time does not depend on the
- * columns, and a tile load costs about as much as a TDPBF16PS, so loading
- * x once a group instead of once an A tile took 16-21 % off the GEMV
- * (docs/PERFORMANCE.md).  The C tiles and the parts are summed at the
- * block's end.
+ * mid, lo: cpu_xq.x3).  TDPBF16PS multiplies A tiles 0 and 1 by the B
+ * tile of the first half of the group's x columns (those of A tiles 0
+ * and 1), A tiles 2 and 3 by the second half, A tiles 0 and 2 into one C
+ * tile, 1 and 3 into another, each C tile keeping the columns of its own
+ * A tiles' x: the tile unit's time does not depend on the columns, and a
+ * tile load costs about as much as a TDPBF16PS, so loading x once or
+ * twice a group instead of once an A tile took 16-21 % off the GEMV
+ * (docs/PERFORMANCE.md); two C tiles a block, not four, leave two for the
+ * next block, which accumulates while this one's sums are stored.  The C
+ * tiles and the parts are summed one group into the next block.
  *
  * Exactness, as for vdpbf16ps (cpu_kern_avx512bf16.c): the weights are the
  * exact bf16 words bf((v - z) * s) (tables by vcvtne2ps2bf16, used only
@@ -91,12 +94,14 @@ static inline __attribute__((always_inline)) void amx_load_config(const amx_conf
 }
 
 /* Every tile 16 rows; tiles 4 and 5 of 64 bytes, the others of cb.  The
- * GEMV (cb = 16 P, P the parts of x): tiles 0-3 the C sums of the
- * group's four A tiles (16 columns x 4 P fp32: the products of A tile q
- * with x's four B columns q P .. q P + P - 1 of the group, of which C tile
- * q uses only its own); 4, 5: A (16 columns x 32 bf16 weights); 6, 7: B,
- * one a group, alternating (16 input pairs x 4 tiles x P parts).  The MLA
- * attention (cb = 64): every tile 16 x 64 bytes. */
+ * GEMV (cb = 8 P, P the parts of x): tiles 0-3 the C sums, two a block
+ * (0, 1 for one block and 2, 3 for the next, so that a block's sums are
+ * stored while the next block's accumulate): C tile 2 par + h holds the
+ * products of A tiles h and h + 2 with x's 2 P columns of B (16 columns x
+ * 2 P fp32, of which the P columns h P .. h P + P - 1 are kept); 4, 5: A
+ * (16 columns x 32 bf16 weights); 6, 7: B, x's columns for A tiles 0, 1
+ * and for 2, 3 (16 input pairs x 2 tiles x P parts).  The MLA attention
+ * (cb = 64): every tile 16 x 64 bytes. */
 static void amx_configure(int cb)
 {
     _Alignas(64) amx_config c;
@@ -138,118 +143,175 @@ amx_tables(const uint8_t *t, __m512i *TA, __m512i *TB)
     *TB = _mm512_shuffle_i64x2(ab, ab, 0x44);
 }
 
-/* Step s of a group's tile work, s = 4 b + q: A tile q from the rows at a
- * (the group's lookups) times the group's B tile (6 + b, loaded from xg at
- * q = 0: x for all four A tiles, P columns each) added to C tile q.  The
- * tile numbers are immediates, hence the cases. */
-#define AMX_STEP(S, Q, AT, BT)                                               \
+/* Step q of a group's tile work (s = 4 par + q, par the block's C tile
+ * pair): A tile q from the rows at a (the group's lookups), as tile 4 + (q
+ * & 1), times B tile 6 + q / 2 (loaded from xg at q = 0 and 2: x's
+ * columns for A tiles 0 and 1, then for 2 and 3, the two halves of the
+ * group's rows of xt), added to C tile 2 par + (q & 1).  A tile q's
+ * products land in B's columns for it, which the other A tile on that C
+ * tile leaves alone (its x there is another tile's, but its own columns
+ * are the ones its partner's x leaves). */
+#define AMX_STEP(S, Q, AT, BT, C)                                            \
     case S:                                                                  \
         if ((Q) == 0)                                                        \
             _tile_loadd(BT, xg, xstride);                                    \
+        if ((Q) == 2)                                                        \
+            _tile_loadd(BT, xg + xstride / 4, xstride);                      \
         _tile_loadd(AT, a[Q], 64);                                           \
-        _tile_dpbf16ps(Q, AT, BT);                                           \
+        _tile_dpbf16ps(C, AT, BT);                                           \
         break;
 static inline __attribute__((always_inline)) void
 amx_tile_step(int s, uint16_t (*a)[16][32], const uint16_t *xg, int xstride)
 {
     switch (s) {
-    AMX_STEP(0, 0, 4, 6)
-    AMX_STEP(1, 1, 5, 6)
-    AMX_STEP(2, 2, 4, 6)
-    AMX_STEP(3, 3, 5, 6)
-    AMX_STEP(4, 0, 4, 7)
-    AMX_STEP(5, 1, 5, 7)
-    AMX_STEP(6, 2, 4, 7)
+    AMX_STEP(0, 0, 4, 6, 0)
+    AMX_STEP(1, 1, 5, 6, 1)
+    AMX_STEP(2, 2, 4, 7, 0)
+    AMX_STEP(3, 3, 5, 7, 1)
+    AMX_STEP(4, 0, 4, 6, 2)
+    AMX_STEP(5, 1, 5, 6, 3)
+    AMX_STEP(6, 2, 4, 7, 2)
     default:
-    AMX_STEP(7, 3, 5, 7)
+    AMX_STEP(7, 3, 5, 7, 3)
     }
 }
 #undef AMX_STEP
 
-/* y[0 .. 16) = the 16 columns of the block at ta (8 pairs in the blocked
- * layout: its tiles group by group, 8 a group) times x (at xt: one B tile
- * a group, 128 * parts words).  The tile work of a group is issued one
- * tile at a time among the next group's lookups, after every second pair:
- * issued together after the group's lookups, it added to their time
- * rather than overlapping it (11 % more a GEMV in a harness,
- * docs/PERFORMANCE.md). */
-static void amx_block(const uint8_t *ta, int groups, const uint16_t *xt, int parts, float *y)
+/* Block par's sums (C tiles 2 par, 2 par + 1) into cs, and the tiles
+ * zeroed for the block after next. */
+static inline __attribute__((always_inline)) void
+amx_store_sums(int par, float (*cs)[16][6])
+{
+    if (par) {
+        _tile_stored(2, cs[0], 24);
+        _tile_stored(3, cs[1], 24);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_stored(0, cs[0], 24);
+        _tile_stored(1, cs[1], 24);
+        _tile_zero(0);
+        _tile_zero(1);
+    }
+}
+
+/* A block's 16 outputs from its stored sums: column c's parts, lo, mid,
+ * then hi, each the sum of A tiles 0 and 2 (cs[0], columns 0 .. P - 1)
+ * plus that of 1 and 3 (cs[1], columns P .. 2 P - 1). */
+static inline __attribute__((always_inline)) void
+amx_sums_out(float (*cs)[16][6], int parts, float *y)
+{
+    for (int c = 0; c < 16; c++) {
+        float s = 0.0f;
+        for (int n = parts - 1; n >= 0; n--)
+            s += cs[0][c][n] + cs[1][c][parts + n];
+        y[c] = s;
+    }
+}
+
+/* y[16 b .. 16 b + 16) = the 16 columns of block b times x, for the
+ * blocks [b0, b1) of the matrix at tiles (in the blocked layout: a block's
+ * tiles group by group, 8 a group, the blocks one after the other, so the
+ * blocks are one stream), x at xt (one B tile's rows a group, 128 * parts
+ * words).  The tile work of a group is issued one step at a time among
+ * the next group's lookups, after every second pair: issued together after
+ * the group's lookups, it added to their time rather than overlapping it
+ * (11 % more a GEMV in a harness, docs/PERFORMANCE.md).  The blocks are
+ * one pipeline: the last group's tile work of a block goes among the next
+ * block's first lookups, its sums are stored after them while the next
+ * block accumulates on the other pair of C tiles, and added up one group
+ * later, when the stores are done (a block that waited for its own sums
+ * took 5-11 % of a GEMV's time with the weights hot). */
+static void amx_run(const uint8_t *tiles, int b0, int b1, int groups, const uint16_t *xt,
+                    int parts, float *y)
 {
     /* two sets of A rows: a group's lookups fill one while the tile loads
      * of the group before read the other */
     _Alignas(64) uint16_t abuf[2][4][16][32];
-    _Alignas(64) float cs[4][16][12];
+    _Alignas(64) float cs[2][2][16][6];     /* [par][C tile][column][2 P] */
     const size_t xs = (size_t)128 * (size_t)parts; /* words of x a group */
-    const int xstride = 16 * parts;
+    const int xstride = 16 * parts;                 /* bytes a row of xt */
     const size_t gb = (size_t)AMX_PAIRS * CPU_TILE_BYTES;   /* bytes a group */
+    const size_t bb = (size_t)groups * gb;                  /* bytes a block */
+    int pend = -1;                  /* the block whose sums wait in cs */
+    size_t step = 0;                /* groups done, over the blocks */
 
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int g = 0; g < groups; g++) {
-        uint16_t(*buf)[16][32] = abuf[g & 1];
-        const size_t off = (size_t)g * gb;
-        /* unrolled, so that the tile steps' cases are known when
-         * compiling (3-7 % faster in a harness) */
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *ta = tiles + (size_t)b * bb;
+        for (int g = 0; g < groups; g++, step++) {
+            uint16_t(*buf)[16][32] = abuf[step & 1];
+            /* the group before: this block's, or the last of the block
+             * before (its C tiles 2 ((b - 1) & 1) ...) */
+            const int pg = g > 0 ? g - 1 : groups - 1;
+            const int ps = 4 * ((g > 0 ? b : b - 1) & 1);
+            const uint16_t *pxg = xt + (size_t)pg * xs;
+            const uint8_t *tg = ta + (size_t)g * gb;
+            /* unrolled, so that the tile steps' cases are known when
+             * compiling (3-7 % faster in a harness) */
 #pragma GCC unroll 8
-        for (int j = 0; j < AMX_PAIRS; j++) {
-            const uint8_t *t = ta + off + (size_t)j * CPU_TILE_BYTES;
-            /* The next block, one tile's worth a pair, into L2 only (T1):
-             * a block of K = 4096 is 35 KB, most of L1, and the GEMV with
-             * its weights cold took 4-9 % longer with T0.  Before the
-             * blocked layout a block read 8 streams a pair apart, which
-             * the hardware prefetcher did not follow: prefetching each a
-             * few groups ahead left a core at 6.5 GB/s with the weights
-             * cold, this at 10.5. */
-            const char *pf = (const char *)ta + (size_t)groups * gb + off +
-                             (size_t)j * CPU_TILE_BYTES;
-            _mm_prefetch(pf, _MM_HINT_T1);
-            _mm_prefetch(pf + 64, _MM_HINT_T1);
-            /* This block's tiles AMX_L1_AHEAD groups on, into L1 (2-6 %
-             * less time cold, one thread, docs/PERFORMANCE.md) */
-            if (g + AMX_L1_AHEAD < groups) {
+            for (int j = 0; j < AMX_PAIRS; j++) {
+                const uint8_t *t = tg + (size_t)j * CPU_TILE_BYTES;
+                /* A block on, into L2 only (T1): a block of K = 4096 is
+                 * 35 KB, most of L1, and the GEMV with its weights cold
+                 * took 4-9 % longer with T0.  When a block read 8 streams
+                 * a pair apart (the sliced layout), which the hardware
+                 * prefetcher did not follow, prefetching each a few
+                 * groups ahead left a core at 6.5 GB/s with the weights
+                 * cold, this at 10.5. */
+                const char *pf = (const char *)t + bb;
+                _mm_prefetch(pf, _MM_HINT_T1);
+                _mm_prefetch(pf + 64, _MM_HINT_T1);
+                /* AMX_L1_AHEAD groups on (in the next block near a
+                 * block's end), into L1 */
                 const char *q1 = (const char *)t + AMX_L1_AHEAD * gb;
                 _mm_prefetch(q1, _MM_HINT_T0);
                 _mm_prefetch(q1 + 64, _MM_HINT_T0);
                 _mm_prefetch(q1 + CPU_TILE_BYTES - 1, _MM_HINT_T0);
+                if (j & 1) {
+                    _mm_prefetch(pf + 128, _MM_HINT_T1);
+                    if (step > 0)
+                        amx_tile_step(ps + (j >> 1), abuf[(step - 1) & 1], pxg, xstride);
+                }
+                __m512i T[2];
+                amx_tables(t, &T[0], &T[1]);
+                for (int h = 0; h < 2; h++) {
+                    /* word w of the column: nibbles 0 and 1; loaded a
+                     * byte later, its high byte in the low one: nibbles
+                     * 2 and 3 */
+                    const __m512i r0 = _mm512_loadu_si512((const void *)(t + 64 * h));
+                    const __m512i r1 = _mm512_loadu_si512((const void *)(t + 64 * h + 1));
+                    _mm512_store_si512(buf[0][2 * j + h], _mm512_permutexvar_epi16(r0, T[h]));
+                    _mm512_store_si512(buf[1][2 * j + h],
+                                       _mm512_permutexvar_epi16(_mm512_srli_epi16(r0, 4), T[h]));
+                    _mm512_store_si512(buf[2][2 * j + h], _mm512_permutexvar_epi16(r1, T[h]));
+                    _mm512_store_si512(buf[3][2 * j + h],
+                                       _mm512_permutexvar_epi16(_mm512_srli_epi16(r1, 4), T[h]));
+                }
             }
-            if (j & 1) {
-                _mm_prefetch(pf + 128, _MM_HINT_T1);
-                if (g > 0)
-                    amx_tile_step(4 * ((g - 1) & 1) + (j >> 1), abuf[(g - 1) & 1],
-                                  xt + (size_t)(g - 1) * xs, xstride);
-            }
-            __m512i T[2];
-            amx_tables(t, &T[0], &T[1]);
-            for (int h = 0; h < 2; h++) {
-                /* word w of the column: nibbles 0 and 1; loaded a byte
-                 * later, its high byte in the low one: nibbles 2 and 3 */
-                const __m512i r0 = _mm512_loadu_si512((const void *)(t + 64 * h));
-                const __m512i r1 = _mm512_loadu_si512((const void *)(t + 64 * h + 1));
-                _mm512_store_si512(buf[0][2 * j + h], _mm512_permutexvar_epi16(r0, T[h]));
-                _mm512_store_si512(buf[1][2 * j + h],
-                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(r0, 4), T[h]));
-                _mm512_store_si512(buf[2][2 * j + h], _mm512_permutexvar_epi16(r1, T[h]));
-                _mm512_store_si512(buf[3][2 * j + h],
-                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(r1, 4), T[h]));
+            if (g == 0 && b > b0) {
+                /* the block before has had its last tile work */
+                if (pend >= 0)          /* one group a block */
+                    amx_sums_out(cs[pend & 1], parts, y + 16 * pend);
+                amx_store_sums((b - 1) & 1, cs[(b - 1) & 1]);
+                pend = b - 1;
+            } else if (pend >= 0) {
+                amx_sums_out(cs[pend & 1], parts, y + 16 * pend);
+                pend = -1;
             }
         }
     }
+    /* the last group's tile work, then the last sums */
     for (int q = 0; q < 4; q++)
-        amx_tile_step(4 * ((groups - 1) & 1) + q, abuf[(groups - 1) & 1],
+        amx_tile_step(4 * ((b1 - 1) & 1) + q, abuf[(step - 1) & 1],
                       xt + (size_t)(groups - 1) * xs, xstride);
-    _tile_stored(0, cs[0], 48);
-    _tile_stored(1, cs[1], 48);
-    _tile_stored(2, cs[2], 48);
-    _tile_stored(3, cs[3], 48);
-    for (int c = 0; c < 16; c++) {
-        float s = 0.0f;
-        for (int n = parts - 1; n >= 0; n--)  /* lo, mid, then hi */
-            s += (cs[0][c][n] + cs[1][c][parts + n]) +
-                 (cs[2][c][2 * parts + n] + cs[3][c][3 * parts + n]);
-        y[c] = s;
-    }
+    if (pend >= 0)
+        amx_sums_out(cs[pend & 1], parts, y + 16 * pend);
+    amx_store_sums((b1 - 1) & 1, cs[(b1 - 1) & 1]);
+    amx_sums_out(cs[(b1 - 1) & 1], parts, y + 16 * (b1 - 1));
 }
 
 /* The 8-pair blocks aligned to the matrix's start inside [p0, p1): [a0,
@@ -267,10 +329,8 @@ static int amx_span(int p0, int p1, int *a0, int *a1)
 static void amx_blocks(const uint8_t *tiles, int a0, int a1, int groups,
                        const uint16_t *xt, int parts, float *y)
 {
-    amx_configure(16 * parts);
-    for (int p = a0; p < a1; p += AMX_PAIRS)
-        amx_block(tiles + cpu_tile_at(CPU_LAYOUT_BLOCKED, groups, p, 0), groups, xt, parts,
-                  y + 2 * p);
+    amx_configure(8 * parts);
+    amx_run(tiles, a0 / AMX_PAIRS, a1 / AMX_PAIRS, groups, xt, parts, y);
     _tile_release();
 }
 
