@@ -405,14 +405,18 @@ void cpu_gemv_multi(const cpu_kernels *kern, const cpu_job *jobs, int njobs,
  * none is left. */
 int cpu_sweep_next(uint64_t *runs, size_t nchunks, int t, int nt, size_t *chunk);
 /* Column pairs per chunk of a sweep of `pairs` pairs over nt threads: about
- * 8 chunks per thread, enough to even out a slow thread, few enough that
- * the run words (cache lines the threads share) stay cheap; a multiple of 8, so
+ * 2 chunks per thread, enough to even out a slow thread, few enough that
+ * the calls' own costs stay small (each call of the AMX kernel configures
+ * the tiles and starts its pipeline of blocks afresh: with about 8 chunks
+ * a thread the two smaller int4 shapes took 3-6 % longer,
+ * docs/PERFORMANCE.md) and the run words (cache lines the threads share)
+ * stay cheap; a multiple of 8, so
  * that the kernels' two-pair passes and the AMX kernel's eight-pair blocks
  * line up (every matrix has a multiple of 8 pairs, so a column takes the
  * same kernel whatever the thread count). */
 static inline size_t cpu_gemv_chunk(size_t pairs, int nt)
 {
-    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 8) + 8) & ~(size_t)7;
+    return nt <= 1 ? pairs : (pairs / ((size_t)nt * 2) + 8) & ~(size_t)7;
 }
 
 /* ---- cpu_isa.c ---- */
