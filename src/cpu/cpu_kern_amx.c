@@ -67,6 +67,8 @@
 #include "cpu.h"
 
 #define AMX_PAIRS CPU_BLOCK_PAIRS
+_Static_assert(AMX_PAIRS * CPU_TILE_BYTES == 17 * 64,
+               "a block's group is 17 whole cache lines (amx_run's prefetches)");
 #ifndef MLA_PF_HINT
 #define MLA_PF_HINT _MM_HINT_T1
 #endif
@@ -255,27 +257,27 @@ static void amx_run(const uint8_t *tiles, int b0, int b1, int groups, const uint
 #pragma GCC unroll 8
             for (int j = 0; j < AMX_PAIRS; j++) {
                 const uint8_t *t = tg + (size_t)j * CPU_TILE_BYTES;
-                /* A block on, into L2 only (T1): a block of K = 4096 is
-                 * 35 KB, most of L1, and the GEMV with its weights cold
-                 * took 4-9 % longer with T0.  When a block read 8 streams
-                 * a pair apart (the sliced layout), which the hardware
-                 * prefetcher did not follow, prefetching each a few
-                 * groups ahead left a core at 6.5 GB/s with the weights
-                 * cold, this at 10.5. */
-                const char *pf = (const char *)t + bb;
-                _mm_prefetch(pf, _MM_HINT_T1);
-                _mm_prefetch(pf + 64, _MM_HINT_T1);
-                /* AMX_L1_AHEAD groups on (in the next block near a
-                 * block's end), into L1 */
-                const char *q1 = (const char *)t + AMX_L1_AHEAD * gb;
-                _mm_prefetch(q1, _MM_HINT_T0);
-                _mm_prefetch(q1 + 64, _MM_HINT_T0);
-                _mm_prefetch(q1 + CPU_TILE_BYTES - 1, _MM_HINT_T0);
-                if (j & 1) {
-                    _mm_prefetch(pf + 128, _MM_HINT_T1);
-                    if (step > 0)
-                        amx_tile_step(ps + (j >> 1), abuf[(step - 1) & 1], pxg, xstride);
+                /* The group's 17 cache lines (8 tiles of 136 bytes,
+                 * 1088 bytes from a line's start), two a pair and the
+                 * last at pair 7: a block on into L2 (T1: a block of K =
+                 * 4096 is 35 KB, most of L1, and the GEMV with its
+                 * weights cold took 4-9 % longer with T0; without this
+                 * prefetch 22 % longer), and AMX_L1_AHEAD groups on into
+                 * L1 (3-5 % less time cold), in the next block near a
+                 * block's end.  Before the blocked layout a block read 8
+                 * streams a pair apart, which the hardware prefetcher did
+                 * not follow. */
+                const char *gl = (const char *)tg + 128 * j;
+                _mm_prefetch(gl + bb, _MM_HINT_T1);
+                _mm_prefetch(gl + bb + 64, _MM_HINT_T1);
+                _mm_prefetch(gl + AMX_L1_AHEAD * gb, _MM_HINT_T0);
+                _mm_prefetch(gl + AMX_L1_AHEAD * gb + 64, _MM_HINT_T0);
+                if (j == AMX_PAIRS - 1) {
+                    _mm_prefetch(gl + bb + 128, _MM_HINT_T1);
+                    _mm_prefetch(gl + AMX_L1_AHEAD * gb + 128, _MM_HINT_T0);
                 }
+                if ((j & 1) && step > 0)
+                    amx_tile_step(ps + (j >> 1), abuf[(step - 1) & 1], pxg, xstride);
                 __m512i T[2];
                 amx_tables(t, &T[0], &T[1]);
                 for (int h = 0; h < 2; h++) {
