@@ -279,24 +279,30 @@ sliced_pairs(const uint8_t *tiles, int p0, int p1, int groups, const int checked
                     xm, x, y + 2 * p, blocked);
 }
 
-/* x's bf16 words (cpu_xq.xb).  Not testing the tiles (normal: every tile
- * passed at the repacking) saves the test and keeps the loop branch-free. */
+/* sliced_pairs with the tiles tested only where the matrix is not normal
+ * (normal: every tile passed at the repacking): not testing them saves
+ * the test and keeps the loop branch-free. */
+static inline __attribute__((always_inline)) void
+tested_pairs(const uint8_t *tiles, int p0, int p1, int groups, int normal, const int xm,
+             const void *x, float *y, const int blocked)
+{
+    if (normal)
+        sliced_pairs(tiles, p0, p1, groups, 0, xm, x, y, blocked);
+    else
+        sliced_pairs(tiles, p0, p1, groups, 1, xm, x, y, blocked);
+}
+
+/* x's bf16 words (cpu_xq.xb). */
 void cpu_avx512bf16_gemv_pairs(const uint8_t *tiles, int p0, int p1,
                                int groups, int normal, const uint16_t *xb, float *y)
 {
-    if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y, 0);
-    else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y, 0);
+    tested_pairs(tiles, p0, p1, groups, normal, X_DOT, xb, y, 0);
 }
 
 void cpu_avx512bf16_gemv_pairs_blk(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const uint16_t *xb, float *y)
 {
-    if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_DOT, xb, y, 1);
-    else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_DOT, xb, y, 1);
+    tested_pairs(tiles, p0, p1, groups, normal, X_DOT, xb, y, 1);
 }
 
 /* ---- fp32 x ----
@@ -318,19 +324,13 @@ void cpu_avx512bf16_gemv_pairs_blk(const uint8_t *tiles, int p0, int p1,
 void cpu_avx512bf16_gemv_pairs_f32(const uint8_t *tiles, int p0, int p1,
                                    int groups, int normal, const float *xe, float *y)
 {
-    if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y, 0);
-    else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y, 0);
+    tested_pairs(tiles, p0, p1, groups, normal, X_XE, xe, y, 0);
 }
 
 void cpu_avx512bf16_gemv_pairs_f32_blk(const uint8_t *tiles, int p0, int p1,
                                        int groups, int normal, const float *xe, float *y)
 {
-    if (normal)
-        sliced_pairs(tiles, p0, p1, groups, 0, X_XE, xe, y, 1);
-    else
-        sliced_pairs(tiles, p0, p1, groups, 1, X_XE, xe, y, 1);
+    tested_pairs(tiles, p0, p1, groups, normal, X_XE, xe, y, 1);
 }
 
 /* x's floats in the xd layout: every tile tested (no normal flag here). */
