@@ -453,6 +453,91 @@ START_TEST(test_dot_f64)
 }
 END_TEST
 
+/* The absorbed query from the int4 W_k (cpu_pack_wk, cpu_kernels.absorb)
+ * of every path this machine runs, against the sum made here from kv_b
+ * itself: w = bf((q - z) s) as the reference makes it, times a bf16 qn
+ * (exact in fp32), added in fp32 in the order of n.  The products being
+ * exact, a fused multiply-add rounds as a multiply then an add, so the
+ * bits must be equal on every path.  Heads 0, 13 and 31 (a misplaced
+ * column, group or nibble picks another weight); kv_b with scales of
+ * 2^-12 .. 2^-4, then with special columns: a subnormal scale, a zero
+ * point of 1e30 (products beyond bf16's range: infinities), a NaN scale
+ * (a NaN must come out NaN). */
+START_TEST(test_absorb)
+{
+    const int K = HD_MLA_KV_LORA, N = HD_MLA_HEADS * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD);
+    static const int heads[] = { 0, 13, 31 };
+    uint32_t r = 777u;
+    uint8_t *w_q = tu_xmalloc((size_t)K / 2 * N);
+    uint16_t *sc = tu_xmalloc((size_t)K / 128 * N * 2), *ze = tu_xmalloc((size_t)K / 128 * N * 2);
+    uint8_t *wk_q = tu_xmalloc(HD_MLA_HEADS * CPU_WK_HEAD_Q);
+    uint16_t *wk_sz = tu_xmalloc(HD_MLA_HEADS * CPU_WK_HEAD_SZ * 2);
+    float qn[HD_MLA_QK_NOPE], ql[HD_MLA_KV_LORA], want[HD_MLA_KV_LORA];
+
+    rand_qweights(&r, K, N, 0, 0, w_q, sc, ze);
+    /* the bytes again from lcg's top byte: its low byte (rand_qweights')
+     * repeats every 2^16 draws, so with N = 8192 every eighth row of w_q
+     * would repeat and an input misplaced by 16 or 64 could pick an equal
+     * weight (such a mutation passed) */
+    for (size_t i = 0; i < (size_t)K / 2 * N; i++)
+        w_q[i] = (uint8_t)(lcg(&r) >> 16);
+    for (int n = 0; n < HD_MLA_QK_NOPE; n++)
+        qn[n] = rand_bf16(&r, -4, 2);
+    qn[5] = -0.0f;
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) {   /* columns of head 13: group 1 col 3, group 2 col 70, group 3 col 9 */
+            const int c0 = 13 * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD);
+            sc[(size_t)1 * N + c0 + 3] = 0x0003;
+            ze[(size_t)2 * N + c0 + 70] = hd_f32_to_bf16(1e30f);
+            sc[(size_t)2 * N + c0 + 70] = 0x7f00;   /* 2^127 */
+            sc[(size_t)3 * N + c0 + 9] = 0x7fc1;
+        }
+        const hd_qlinear kv_b = { w_q, sc, ze, K, N, 1 };
+        cpu_pack_wk(wk_q, wk_sz, &kv_b);
+        for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
+            const int h = heads[hi];
+            for (int k = 0; k < K; k++) {
+                float a = 0.0f;
+                for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
+                    const size_t col = (size_t)h * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD) + (size_t)n;
+                    const uint8_t b = w_q[(size_t)(k / 2) * N + col];
+                    const int q = k & 1 ? b >> 4 : b & 15;
+                    const float s = hd_bf16_to_f32(sc[(size_t)(k / 128) * N + col]);
+                    const float z = hd_bf16_to_f32(ze[(size_t)(k / 128) * N + col]);
+                    a += qn[n] * hd_bf(((float)q - z) * s);
+                }
+                want[k] = a;
+            }
+            if (round == 1 && h == 13)  /* the special columns show */
+                ck_assert(isinf(want[300]) && isnan(want[400]) && isfinite(want[200]));
+            for (int isa = 0; isa < N_ISA; isa++) {
+                cpu_isa got;
+                char err[256];
+                if (!isa_ok[isa])
+                    continue;
+                setenv("HD_CPU_ISA", ISA[isa], 1);
+                ck_assert_int_eq(cpu_choose_isa(&got, err, sizeof err), HD_OK);
+                unsetenv("HD_CPU_ISA");
+                const cpu_kernels *kern = cpu_kernels_for(got);
+                kern->absorb(wk_q + (size_t)h * CPU_WK_HEAD_Q, wk_sz + (size_t)h * CPU_WK_HEAD_SZ,
+                             qn, ql);
+                for (int k = 0; k < K; k++)
+                    ck_assert_msg(isnan(want[k]) ? isnan(ql[k])
+                                                 : memcmp(&ql[k], &want[k], 4) == 0,
+                                  "%s, round %d, head %d: ql[%d] %a, want %a", ISA[isa], round,
+                                  h, k, (double)ql[k], (double)want[k]);
+            }
+        }
+    }
+    printf("absorb: ok on every path\n");
+    free(w_q);
+    free(sc);
+    free(ze);
+    free(wk_q);
+    free(wk_sz);
+}
+END_TEST
+
 /* cpu_sweep_next, the scheduling of a sweep's chunks: for 1 to 5 threads
  * and several chunk counts, under three orders of the threads' calls (in
  * turn, one thread alone, random), every chunk is handed out exactly
@@ -1290,6 +1375,7 @@ int main(void)
     tcase_add_test(tc, test_dot_f64);
     tcase_add_test(tc, test_sweep_next);
     tcase_add_test(tc, test_qmat_normal);
+    tcase_add_test(tc, test_absorb);
     tcase_add_test(tc, test_mla_range);
     tcase_add_test(tc, test_bf16_gemv);
 #ifdef HD_CPU_HAVE_AVX512BF16

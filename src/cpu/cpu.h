@@ -207,8 +207,10 @@ typedef struct cpu_kernels {
     void (*vsincos)(const float *a, float *s, float *c, int n);
     /* sum_i x[i] * w[i], w bf16, products exact, summed in double. */
     double (*dot_bf16_f64)(const float *x, const uint16_t *w, int n);
-    /* ql = W_k,h q_nope,h for one head (wk bf16 [128][512]). */
-    void (*absorb)(const uint16_t *wk, const float *qn, float *ql);
+    /* ql = W_k,h q_nope,h for one head from its int4 W_k (cpu_layer's
+     * wk_q and wk_sz at the head's offset, CPU_WK_HEAD_Q bytes and
+     * CPU_WK_HEAD_SZ words a head). */
+    void (*absorb)(const uint8_t *wq, const uint16_t *wsz, const float *qn, float *ql);
     /* One KDA head: S [128 k][128 v] updated in place; o = q^T S (fp32). */
     void (*kda_head)(float *S, const float *q, const float *k, const float *v,
                      const float *decay, float beta, float *o);
@@ -316,15 +318,23 @@ static inline size_t cpu_mla_work(const cpu_kernels *kern)
 #define CPU_MLA_QK (HD_MLA_QK_NOPE + HD_MLA_QK_ROPE)    /* 192  */
 #define CPU_MLA_KV (HD_MLA_KV_LORA + HD_MLA_QK_ROPE)    /* 576  */
 #define CPU_MLA_QN (HD_MLA_HEADS * CPU_MLA_QK)          /* 6144 */
+/* W_k of kv_b in int4 for the absorbed query (cpu_pack_wk): per head,
+ * scale group g (inputs 128 g ..) and column n < 128 of the head's W_k,
+ * 16 little-endian 32-bit words in wk_q (input 128 g + 16 m + i in nibble
+ * m of word i: nibble m of the 16 words gives 16 inputs in order) and the
+ * scale and zero (bf16) in wk_sz. */
+#define CPU_WK_GROUPS (HD_MLA_KV_LORA / CPU_GROUP)      /* 4 */
+#define CPU_WK_HEAD_Q ((size_t)CPU_WK_GROUPS * HD_MLA_QK_NOPE * (CPU_GROUP / 2))
+#define CPU_WK_HEAD_SZ ((size_t)CPU_WK_GROUPS * HD_MLA_QK_NOPE * 2)
 
 typedef struct cpu_layer {
     /* K: q|k|v|g concatenated (N 16384); M: q_proj|kv_a (N 6720). */
     cpu_qmat in_proj;
     cpu_qmat o_proj;
-    /* M: W_k dequantized (bf16, exactly the reference's weights: 4 MB, the
-     * one expanded tensor) as [head][128 n][512 k], so that the absorbed
-     * query is a sum of rows; W_v of head h: [h] 512 x 128 int4. */
-    uint16_t *wk;
+    /* M: W_k in int4 (CPU_WK_*: 1 MB and 64 KB), read column by column
+     * by the absorbed query; W_v of head h: [h] 512 x 128 int4. */
+    uint8_t *wk_q;
+    uint16_t *wk_sz;
     cpu_qmat wv;                    /* count 32, k 512, n 128   */
     cpu_qmat gate_up;               /* bank of E: gate|up (N 2048) */
     cpu_qmat down;                  /* bank of E */
@@ -350,8 +360,8 @@ void cpu_qmat_free(cpu_qmat *m);
 void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
                      const hd_qlinear *src, int src_member, int src_col0,
                      int ncols);
-/* W_k of kv_b dequantized into wk [32][128][512] (cpu_layer). */
-void cpu_dequant_wk(uint16_t *wk, const hd_qlinear *kv_b);
+/* W_k of kv_b into wk_q and wk_sz (CPU_WK_*, cpu_layer). */
+void cpu_pack_wk(uint8_t *wk_q, uint16_t *wk_sz, const hd_qlinear *kv_b);
 /* Repacks raw arrays (hd-bench): w_q [k/2][n], scales/zeros [k/128][n]. */
 void cpu_repack_raw(cpu_qmat *m, int member, const uint8_t *w_q,
                     const uint16_t *scales, const uint16_t *zeros);

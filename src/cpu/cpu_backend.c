@@ -25,7 +25,8 @@ static void cpu_layer_free(cpu_layer *C)
     cpu_qmat_free(&C->down);
     cpu_qmat_free(&C->s_gate_up);
     cpu_qmat_free(&C->s_down);
-    free(C->wk);
+    free(C->wk_q);
+    free(C->wk_sz);
 }
 
 static void cpu_model_free(hd_model *model)
@@ -50,8 +51,9 @@ static hd_status alloc_layer(cpu_layer *C, const hd_layer *L, int E, cpu_layout 
         TRY(cpu_qmat_alloc(&C->in_proj, HD_HIDDEN, CPU_MLA_QN + CPU_MLA_KV, 1, layout));
         TRY(cpu_qmat_alloc(&C->o_proj, CPU_A, HD_HIDDEN, 1, layout));
         TRY(cpu_qmat_alloc(&C->wv, HD_MLA_KV_LORA, HD_MLA_V_HEAD, HD_MLA_HEADS, layout));
-        C->wk = malloc((size_t)HD_MLA_HEADS * HD_MLA_QK_NOPE * HD_MLA_KV_LORA * 2);
-        if (!C->wk)
+        C->wk_q = malloc(HD_MLA_HEADS * CPU_WK_HEAD_Q);
+        C->wk_sz = malloc(HD_MLA_HEADS * CPU_WK_HEAD_SZ * sizeof *C->wk_sz);
+        if (!C->wk_q || !C->wk_sz)
             return HD_ERR_OUT_OF_MEMORY;
     }
     TRY(cpu_qmat_alloc(&C->gate_up, HD_HIDDEN, 2 * HD_MOE_INTER, E, layout));
@@ -90,7 +92,7 @@ static void repack_job(cpu_layer *C, const hd_layer *L, int E, int j)
         else if (j == 2)
             cpu_repack_part(&C->o_proj, 0, 0, &w->o_proj, 0, 0, HD_HIDDEN);
         else if (j == 3)
-            cpu_dequant_wk(C->wk, &w->kv_b);
+            cpu_pack_wk(C->wk_q, C->wk_sz, &w->kv_b);
         else if (j == 4)
             return;
         else {

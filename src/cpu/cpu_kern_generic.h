@@ -9,6 +9,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "util.h"
+
 /* GVW: floats per vector, set by the including file to its native width
  * (wider types are split by the compiler through memory: slow). */
 #ifndef GVW
@@ -18,6 +20,7 @@ typedef float gvf __attribute__((vector_size(GVW * 4)));
 typedef double gvd __attribute__((vector_size(GVW * 8)));
 typedef uint16_t gvh __attribute__((vector_size(GVW * 2)));
 typedef uint32_t gvu __attribute__((vector_size(GVW * 4)));
+typedef int32_t gvi __attribute__((vector_size(GVW * 4)));
 
 static inline gvf gload(const float *p)
 {
@@ -113,28 +116,77 @@ static void gen_kda_head(float *S, const float *q, const float *k,
     }
 }
 
-/* ql[k] = sum_n qn[n] * wk[n][k] over the 128 n, k < 512 (W_k absorbed
- * into one head's query; wk bf16 [128][512]).  Row by row, the sums in
- * ql (in L1): the head's 128 KB are read once, in order.  (Summing 64 k at
- * a time in registers walked the rows 8 times with a 1 KB stride, which
- * the prefetchers served badly: 0.27 ms a step of two threads for 4 MB.)
- * Each ql[k] adds the same products in the same order either way. */
-static void gen_absorb(const uint16_t *wk, const float *qn, float *ql)
+/* A column's 16 weights bf((v - z) s), v = 0..15 (s, z: its bf16 scale
+ * and zero), as floats in 16 / GVW vectors: fp32 sub and mul, then
+ * hd_f32_to_bf16's rounding (nearest even; a NaN kept quiet), lane by
+ * lane. */
+static inline void gen_wk_table(uint16_t s, uint16_t z, gvf *T)
 {
-    const gvf zero = { 0 };
-    for (int k = 0; k < HD_MLA_KV_LORA; k += GVW)
-        gstore(ql + k, zero);
-    for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
-        const uint16_t *w = wk + (size_t)n * HD_MLA_KV_LORA;
-        const float q = qn[n];
-        for (int k = 0; k < HD_MLA_KV_LORA; k += 4 * GVW) {
-            gstore(ql + k, gload(ql + k) + q * gload_bf16(w + k));
-            gstore(ql + k + GVW, gload(ql + k + GVW) + q * gload_bf16(w + k + GVW));
-            gstore(ql + k + 2 * GVW,
-                   gload(ql + k + 2 * GVW) + q * gload_bf16(w + k + 2 * GVW));
-            gstore(ql + k + 3 * GVW,
-                   gload(ql + k + 3 * GVW) + q * gload_bf16(w + k + 3 * GVW));
+    const float sf = hd_bf16_to_f32(s), zf = hd_bf16_to_f32(z);
+    for (int i = 0; i < 16 / GVW; i++) {
+        gvf v;
+        for (int j = 0; j < GVW; j++)
+            v[j] = (float)(GVW * i + j);
+        const gvu u = (gvu)((v - zf) * sf);
+        const gvu nan = (gvu)((u & 0x7fffffffu) > 0x7f800000u);
+        const gvu r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        const gvu q = (u & 0xffff0000u) | 0x00400000u;
+        T[i] = (gvf)((q & nan) | (r & ~nan));
+    }
+}
+
+/* T[idx] lane by lane (idx < 16): vpermps where a vector holds the 16
+ * floats, two tables' halves where it holds 8 (GCC's variable shuffles),
+ * else one lane at a time. */
+static inline gvf gen_lookup16(const gvf *T, gvu idx)
+{
+#if !defined(__clang__) && GVW == 16
+    return __builtin_shuffle(T[0], (gvi)idx);
+#elif !defined(__clang__) && GVW == 8
+    return __builtin_shuffle(T[0], T[1], (gvi)idx);
+#else
+    float t[16];
+    gvf r;
+    memcpy(t, T, sizeof t);
+    for (int i = 0; i < GVW; i++)
+        r[i] = t[idx[i] & 15u];
+    return r;
+#endif
+}
+
+/* ql[k] = sum_n qn[n] w[n][k] over the head's 128 n, k < 512 (W_k
+ * absorbed into one head's query) from its int4 columns (cpu_pack_wk:
+ * per scale group g and column n, 16 words at wq, input 128 g + 16 m + i
+ * in nibble m of word i, and the scale and zero at wsz).  A group's 128
+ * sums stay in vectors while its 128 columns stream by: each column's 16
+ * weights made once (gen_wk_table), nibble m of GVW words at a time
+ * looked up (inputs 16 m + the words' numbers, in order), times qn[n],
+ * added in n's order: the products and the order of the bf16 W_k this
+ * replaced (4 MB a step, where these are 1.1 MB). */
+static void gen_absorb(const uint8_t *wq, const uint16_t *wsz, const float *qn, float *ql)
+{
+    enum { P = 16 / GVW };          /* vectors a nibble's 16 words */
+    for (int g = 0; g < CPU_WK_GROUPS; g++) {
+        gvf acc[8 * P];
+#pragma GCC unroll 32
+        for (int v = 0; v < 8 * P; v++)
+            acc[v] = (gvf){ 0 };
+        for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
+            const size_t c = (size_t)g * HD_MLA_QK_NOPE + (size_t)n;
+            const float q = qn[n];
+            gvu w[P];
+            gvf T[P];
+            memcpy(w, wq + c * (CPU_GROUP / 2), sizeof w);
+            gen_wk_table(wsz[2 * c], wsz[2 * c + 1], T);
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++)
+#pragma GCC unroll 4
+                for (int p = 0; p < P; p++)
+                    acc[m * P + p] += q * gen_lookup16(T, (w[p] >> (4 * m)) & 15u);
         }
+#pragma GCC unroll 32
+        for (int v = 0; v < 8 * P; v++)
+            gstore(ql + g * CPU_GROUP + v * GVW, acc[v]);
     }
 }
 

@@ -1,7 +1,8 @@
 /* cpu_mla.c - latent MLA attention for one token on the CPU.
  *
- * The absorbed query ql_h = W_k,h q_nope,h uses W_k dequantized once at
- * load (bf16, the reference's exact weights).  The tokens are split across
+ * The absorbed query ql_h = W_k,h q_nope,h reads W_k in int4, column by
+ * column (cpu_pack_wk), each column's weights made exactly as the
+ * reference makes them.  The tokens are split across
  * the threads (flash-decoding): each keeps per head a running max, a sum
  * and a weighted latent (the kernels' mla_range: plain vector arithmetic,
  * or on the amx path both dot products on the tile unit), merged after; a
@@ -62,7 +63,8 @@ void cpu_mla(const cpu_model *cm, const cpu_layer *C, uint16_t *c_kv,
         float qn[HD_MLA_QK_NOPE];
         for (int i = 0; i < HD_MLA_QK_NOPE; i++)
             qn[i] = hd_bf(q[h * CPU_MLA_QK + i]);
-        kern->absorb(C->wk + (size_t)h * HD_MLA_QK_NOPE * LR, qn, s->qlat + h * LR);
+        kern->absorb(C->wk_q + (size_t)h * CPU_WK_HEAD_Q, C->wk_sz + (size_t)h * CPU_WK_HEAD_SZ,
+                     qn, s->qlat + h * LR);
     }
     cpu_sync(th);
     /* this thread's tokens of the pos + 1 */

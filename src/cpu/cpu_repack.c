@@ -98,21 +98,26 @@ void cpu_repack_part(cpu_qmat *m, int member, int dst_col0,
         __atomic_store_n(&m->normal, 0, __ATOMIC_RELAXED);
 }
 
-void cpu_dequant_wk(uint16_t *wk, const hd_qlinear *kv_b)
+void cpu_pack_wk(uint8_t *wk_q, uint16_t *wk_sz, const hd_qlinear *kv_b)
 {
     const size_t N = (size_t)kv_b->n;
     for (int h = 0; h < HD_MLA_HEADS; h++)
-        for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
-            size_t col = (size_t)h * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD) + (size_t)n;
-            uint16_t *dst = wk + ((size_t)h * HD_MLA_QK_NOPE + (size_t)n) * HD_MLA_KV_LORA;
-            for (int k = 0; k < HD_MLA_KV_LORA; k++) {
-                uint8_t byte = kv_b->w_q[(size_t)(k / 2) * N + col];
-                int q = (k & 1) ? byte >> 4 : byte & 15;
-                float s = hd_bf16_to_f32(kv_b->scales[(size_t)(k / 128) * N + col]);
-                float z = hd_bf16_to_f32(kv_b->zeros[(size_t)(k / 128) * N + col]);
-                dst[k] = hd_f32_to_bf16(((float)q - z) * s);
+        for (int g = 0; g < CPU_WK_GROUPS; g++)
+            for (int n = 0; n < HD_MLA_QK_NOPE; n++) {
+                const int col = h * (HD_MLA_QK_NOPE + HD_MLA_V_HEAD) + n;
+                const size_t c = ((size_t)h * CPU_WK_GROUPS + (size_t)g) * HD_MLA_QK_NOPE +
+                                 (size_t)n;
+                uint8_t *dst = wk_q + c * (CPU_GROUP / 2);
+                /* word i's nibble m (byte 4 i + m / 2, the low one for an
+                 * even m): input 16 m + i */
+                for (int i = 0; i < 16; i++)
+                    for (int m = 0; m < 8; m += 2)
+                        dst[4 * i + m / 2] = (uint8_t)(nibble(kv_b, col, g, 16 * m + i) |
+                                                       nibble(kv_b, col, g, 16 * m + 16 + i)
+                                                           << 4);
+                wk_sz[2 * c] = kv_b->scales[(size_t)g * N + (size_t)col];
+                wk_sz[2 * c + 1] = kv_b->zeros[(size_t)g * N + (size_t)col];
             }
-        }
 }
 
 void cpu_repack_raw(cpu_qmat *m, int member, const uint8_t *w_q,
