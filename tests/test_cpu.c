@@ -411,6 +411,18 @@ static float rand_bf16(uint32_t *r, int lo, int hi)
     return lcg(r) & 1 ? -v : v;
 }
 
+/* The kernels that HD_CPU_ISA=ISA[isa] chooses (the path must run here:
+ * isa_ok[isa]). */
+static const cpu_kernels *path_kernels(int isa)
+{
+    cpu_isa got;
+    char err[256];
+    setenv("HD_CPU_ISA", ISA[isa], 1);
+    ck_assert_msg(cpu_choose_isa(&got, err, sizeof err) == HD_OK, "%s: %s", ISA[isa], err);
+    unsetenv("HD_CPU_ISA");
+    return cpu_kernels_for(got);
+}
+
 /* dot_bf16_f64 of every path this machine runs against the plain sum in
  * double, for lengths 0 to 100 (every rest after the vector loops) and
  * around 2304 (a router row).  The products of bf16 values are exact in
@@ -431,14 +443,9 @@ START_TEST(test_dot_f64)
     x[0] = -0.0f;
     w[7] = 0x8000;
     for (int isa = 0; isa < N_ISA; isa++) {
-        cpu_isa got;
-        char err[256];
         if (!isa_ok[isa])
             continue;
-        setenv("HD_CPU_ISA", ISA[isa], 1);
-        ck_assert_int_eq(cpu_choose_isa(&got, err, sizeof err), HD_OK);
-        unsetenv("HD_CPU_ISA");
-        const cpu_kernels *k = cpu_kernels_for(got);
+        const cpu_kernels *k = path_kernels(isa);
         for (int c = 0; c <= 100 + 3; c++) {
             const int n = c <= 100 ? c : extra[c - 101];
             double want = 0.0;
@@ -511,16 +518,10 @@ START_TEST(test_absorb)
             if (round == 1 && h == 13)  /* the special columns show */
                 ck_assert(isinf(want[300]) && isnan(want[400]) && isfinite(want[200]));
             for (int isa = 0; isa < N_ISA; isa++) {
-                cpu_isa got;
-                char err[256];
                 if (!isa_ok[isa])
                     continue;
-                setenv("HD_CPU_ISA", ISA[isa], 1);
-                ck_assert_int_eq(cpu_choose_isa(&got, err, sizeof err), HD_OK);
-                unsetenv("HD_CPU_ISA");
-                const cpu_kernels *kern = cpu_kernels_for(got);
-                kern->absorb(wk_q + (size_t)h * CPU_WK_HEAD_Q, wk_sz + (size_t)h * CPU_WK_HEAD_SZ,
-                             qn, ql);
+                path_kernels(isa)->absorb(wk_q + (size_t)h * CPU_WK_HEAD_Q,
+                                          wk_sz + (size_t)h * CPU_WK_HEAD_SZ, qn, ql);
                 for (int k = 0; k < K; k++)
                     ck_assert_msg(isnan(want[k]) ? isnan(ql[k])
                                                  : memcmp(&ql[k], &want[k], 4) == 0,
