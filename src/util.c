@@ -4,6 +4,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef HAVE_SYS_MMAN_H
+#include <sys/mman.h>
+#endif
 
 #include "util.h"
 
@@ -29,8 +33,20 @@ void *hd_alloc_aligned(size_t bytes)
     if (!hd_add_size(bytes, 63, &rounded))
         return NULL;
     rounded &= ~(size_t)63;
-    if (posix_memalign(&p, 64, rounded) != 0)
+    if (rounded >= HD_HUGE_BYTES) {
+        /* Start on a huge page's boundary and ask for huge pages before
+         * the first touch: a step streams its weights (250 MB at E = 256)
+         * once, and on 4 KB pages that is a TLB miss every 4 KB.  Where
+         * the kernel has no transparent huge pages (or "never"), the
+         * advice fails and changes nothing. */
+        if (posix_memalign(&p, HD_HUGE_BYTES, rounded) != 0)
+            return NULL;
+#if defined(HAVE_MADVISE) && defined(MADV_HUGEPAGE)
+        (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    } else if (posix_memalign(&p, 64, rounded) != 0) {
         return NULL;
+    }
     memset(p, 0, rounded);
     return p;
 }

@@ -81,7 +81,10 @@ static inline void hd_store_le64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* Cache-line aligned allocation (zeroed); free with hd_free_aligned. */
+/* Cache-line aligned allocation (zeroed); free with hd_free_aligned.
+ * Blocks of HD_HUGE_BYTES or more start on a 2 MiB boundary and are
+ * advised to the kernel as huge-page memory (where it has that). */
+#define HD_HUGE_BYTES ((size_t)2 << 20)
 void *hd_alloc_aligned(size_t bytes);
 void hd_free_aligned(void *p);
 

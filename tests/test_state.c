@@ -2,11 +2,13 @@
  * cache, and a sweep of contexts around the seed's KV-split boundaries.
  * At the small size (tu_small: valgrind) the round trips take 1 step where
  * they take 2 and the sweep covers 3 contexts instead of 9. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
+#include "util.h"
 
 #define D HD_HIDDEN
 #define CKV_ROW ((size_t)HD_MLA_KV_LORA)
@@ -520,6 +522,35 @@ START_TEST(test_contexts)
 }
 END_TEST
 
+/* ---- the allocator of the state's (and the weights') buffers ------------- */
+
+/* hd_alloc_aligned: zeroed, on a cache line, and from HD_HUGE_BYTES on, on
+ * a 2 MiB boundary (the huge-page advice itself is the kernel's to take or
+ * not, so it is not asserted); every byte up to the next cache line
+ * writable (valgrind and ASan see any that is not). */
+START_TEST(test_alloc_aligned)
+{
+    static const size_t sizes[] = { 0, 1, 63, 64, 65, 4095, ((size_t)2 << 20) - 64,
+                                    ((size_t)2 << 20) - 63, (size_t)2 << 20,
+                                    ((size_t)5 << 20) + 3 };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const size_t n = sizes[i], usable = n == 0 ? 64 : (n + 63) & ~(size_t)63;
+        const size_t align = usable >= HD_HUGE_BYTES ? HD_HUGE_BYTES : 64;
+        unsigned char *p = hd_alloc_aligned(n);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_msg((uintptr_t)p % align == 0, "%zu bytes at %p, not on %zu", n, (void *)p,
+                      align);
+        for (size_t j = 0; j < usable; j++)
+            ck_assert_msg(p[j] == 0, "%zu bytes: byte %zu is %d", n, j, p[j]);
+        memset(p, 0xa5, usable);
+        hd_free_aligned(p);
+    }
+    hd_free_aligned(NULL);
+    /* a size that cannot be rounded up fails cleanly */
+    ck_assert_ptr_null(hd_alloc_aligned(SIZE_MAX - 8));
+}
+END_TEST
+
 static Suite *state_suite(void)
 {
     Suite *s = suite_create("state");
@@ -537,6 +568,7 @@ static Suite *state_suite(void)
     tcase_add_test(tc, test_tensor_bytes);
     tcase_add_test(tc, test_cache_full);
     tcase_add_test(tc, test_capacity_zero);
+    tcase_add_test(tc, test_alloc_aligned);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("contexts");
