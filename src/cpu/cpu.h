@@ -452,7 +452,6 @@ typedef struct cpu_thread {
     float *a;                       /* [CPU_A] scratch */
     float *qrope;                   /* [32 * 64] MLA: roped queries */
     cpu_xq xq;                      /* k 4096: x, then the attention output */
-    cpu_xq xq_f[CPU_NX];            /* k 1024: the experts' down inputs */
     float moe_w[CPU_NX];
     int idx[HD_MOE_TOPK];
     int t, nt;                      /* this thread, team size */
@@ -487,6 +486,7 @@ typedef struct cpu_scratch {
     float gu[CPU_NX * 2 * HD_MOE_INTER];
     float ys[CPU_NX * HD_HIDDEN];   /* the experts' outputs */
     cpu_xq xq_lat[HD_MLA_HEADS];    /* k 512 */
+    cpu_xq xq_f[CPU_NX];            /* k 1024: the experts' down inputs */
     float *logits;                  /* [E] */
     float *mla_ml;                  /* [threads][2][32]: max, sum */
     float *mla_acc;                 /* [threads][32][512] */

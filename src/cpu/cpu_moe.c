@@ -1,7 +1,8 @@
 /* cpu_moe.c - router, top-8, and the 9 experts as two parallel sweeps:
  * gate|up of all 9, then down of all 9, summed after (the routing weight
- * is folded into each expert's input).  Three barriers: after the router,
- * after each sweep. */
+ * is folded into each expert's input).  Four barriers: after the router,
+ * after each sweep, and after the down inputs, which the threads make a
+ * share of the experts each. */
 #include "config.h"
 
 #include <math.h>
@@ -42,20 +43,23 @@ void cpu_moe(const cpu_model *cm, const hd_moe_weights *w, const cpu_layer *C,
             : cpu_job_of(&C->s_gate_up, 0, &th->xq, j * 2 * HD_MOE_INTER);
     cpu_gemv_multi(kern, jobs, NX, s->gu, cpu_next_ctr(th), th->bar);
 
-    /* every thread: all 9 down inputs (9216 exp, a few microseconds) */
-    for (int j = 0; j < NX; j++) {
+    /* the 9 down inputs (9216 exp and the layouts of x), the experts dealt
+     * out to the threads: about 1 % of a step when every thread made all
+     * nine, against a barrier of a microsecond or two */
+    for (int j = th->t; j < NX; j += th->nt) {
         const float *g = s->gu + j * 2 * HD_MOE_INTER, *u = g + HD_MOE_INTER;
         for (int i = 0; i < HD_MOE_INTER; i++)
             f[i] = -g[i];
         kern->vexp(f, f, HD_MOE_INTER);
         for (int i = 0; i < HD_MOE_INTER; i++)
             f[i] = g[i] / (1.0f + f[i]) * u[i] * th->moe_w[j];
-        cpu_prepare_x(f, HD_MOE_INTER, &th->xq_f[j]);
+        cpu_prepare_x(f, HD_MOE_INTER, &s->xq_f[j]);
     }
+    cpu_sync(th);
     for (int j = 0; j < NX; j++)
         jobs[j] = j < HD_MOE_TOPK
-            ? cpu_job_of(&C->down, th->idx[j], &th->xq_f[j], j * HD_HIDDEN)
-            : cpu_job_of(&C->s_down, 0, &th->xq_f[j], j * HD_HIDDEN);
+            ? cpu_job_of(&C->down, th->idx[j], &s->xq_f[j], j * HD_HIDDEN)
+            : cpu_job_of(&C->s_down, 0, &s->xq_f[j], j * HD_HIDDEN);
     cpu_gemv_multi(kern, jobs, NX, s->ys, cpu_next_ctr(th), th->bar);
     /* h += bf(the weighted experts (weights folded in above) + the shared) */
     for (int n = 0; n < HD_HIDDEN; n++) {

@@ -61,6 +61,8 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
     carve(&c, sizeof(cpu_scratch));
     for (int i = 0; i < HD_MLA_HEADS; i++)
         carve_xq(&c, &s->xq_lat[i], HD_MLA_KV_LORA, xb, xe, xt);
+    for (int j = 0; j < CPU_NX; j++)
+        carve_xq(&c, &s->xq_f[j], HD_MOE_INTER, xb, xe, xt);
     s->logits = carve(&c, (size_t)experts * sizeof(float));
     s->mla_ml = carve(&c, (size_t)T * 2 * HD_MLA_HEADS * sizeof(float));
     s->mla_acc = carve(&c, (size_t)T * HD_MLA_HEADS * HD_MLA_KV_LORA * sizeof(float));
@@ -76,8 +78,6 @@ static size_t layout(cpu_scratch *s, unsigned char *base, const cpu_model *cm,
         th->a = carve(&c, CPU_A * sizeof(float));
         th->qrope = carve(&c, HD_MLA_HEADS * HD_MLA_QK_ROPE * sizeof(float));
         carve_xq(&c, &th->xq, CPU_A, xb, xe, xt);
-        for (int j = 0; j < CPU_NX; j++)
-            carve_xq(&c, &th->xq_f[j], HD_MOE_INTER, xb, xe, xt);
     }
     s->threads = T;
     return c.used;
