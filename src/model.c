@@ -7,6 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef HAVE_SYS_MMAN_H
+#include <sys/mman.h>
+#endif
+#ifdef HAVE_UNISTD_H
+#include <unistd.h>
+#endif
+
 #include "backend.h"
 #include "model.h"
 #include "motif.h"
@@ -22,6 +29,42 @@ static hd_model *model_new(const char *pattern, int experts)
     m->experts = experts;
     snprintf(m->pattern, sizeof m->pattern, "%s", pattern);
     return m;
+}
+
+/* The whole pages of [p, p + bytes) that lie in the model's file mapping,
+ * unmapped from the process (MADV_DONTNEED: the mapping is private and
+ * read-only, so a later access maps the file's page again). */
+static void release_file_range(const hd_model *m, const void *p, size_t bytes)
+{
+#if defined(HAVE_MADVISE) && defined(MADV_DONTNEED) && defined(_SC_PAGESIZE)
+    const uintptr_t map = (uintptr_t)m->file.map, a = (uintptr_t)p;
+    const long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t lo, hi;
+    if (!m->file.map || ps <= 0 || a < map || bytes > m->file.map_bytes ||
+        a - map > m->file.map_bytes - bytes)
+        return;
+    lo = (a + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    hi = (a + bytes) & ~((uintptr_t)ps - 1);
+    if (lo < hi)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)m;
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+void hd_model_release_qlinear(const hd_model *m, const hd_qlinear *w)
+{
+    const size_t count = w->count > 0 ? (size_t)w->count : 0;
+    const size_t wq = (size_t)(w->k / 2) * (size_t)w->n * count;
+    const size_t sz = (size_t)(w->k / 128) * (size_t)w->n * count * sizeof(uint16_t);
+    if (w->w_q)
+        release_file_range(m, w->w_q, wq);
+    if (w->scales)
+        release_file_range(m, w->scales, sz);
+    if (w->zeros)
+        release_file_range(m, w->zeros, sz);
 }
 
 static void model_destroy(hd_model *m)

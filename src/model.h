@@ -102,4 +102,11 @@ hd_status hd_model_from_st(hd_st_file *file, const char *source,
                            const hd_options *options, hd_model **model,
                            char *err, size_t err_size);
 
+/* A backend that has made its own copy of w (every member) gives back the
+ * pages of w's bytes that a mapped model file holds: they are read again
+ * from the file if anything touches them later (hd_model_save, say), so
+ * this changes no value, only what stays resident.  Weights in memory
+ * (the synthetic model, copies, a parsed buffer) are left alone. */
+void hd_model_release_qlinear(const hd_model *m, const hd_qlinear *w);
+
 #endif /* HD_MODEL_H */

@@ -1088,6 +1088,87 @@ START_TEST(test_byte_level)
 }
 END_TEST
 
+/* kB of this process's resident file-backed pages (Linux); -1 elsewhere. */
+static long rss_file_kb(void)
+{
+    char line[256];
+    long kb = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssFile: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* Whether the files at a and b hold the same bytes. */
+static int same_file_bytes(const char *a, const char *b)
+{
+    static unsigned char ba[1 << 16], bb[1 << 16];
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    while (same) {
+        size_t na = fread(ba, 1, sizeof ba, fa), nb = fread(bb, 1, sizeof bb, fb);
+        if (na != nb || memcmp(ba, bb, na) != 0)
+            same = 0;
+        if (na < sizeof ba)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+/* The CPU backend repacks the int4 matrices into its own layout, then
+ * gives back the model file's pages of them (the issue: memory is the
+ * packed weights once): after loading g_path with it, at most a quarter of
+ * the file's int4 bytes are resident as file pages.  The given-back pages
+ * are read again where something touches them: the model saved again is
+ * the same file, byte for byte. */
+START_TEST(test_cpu_releases_file_pages)
+{
+    hd_options opt;
+    hd_model *loaded = NULL;
+    char err[512] = "";
+    const long before = rss_file_kb();
+    hd_status st;
+    long after;
+
+    hd_options_init(&opt);
+    opt.backend = HD_BACKEND_CPU;
+    opt.threads = 1;
+    st = hd_model_load(g_path, &opt, &loaded, err, sizeof err);
+    if (st == HD_ERR_BACKEND_UNAVAILABLE) {
+        fprintf(stderr, "test_cpu_releases_file_pages: no cpu backend here (%s)\n", err);
+        return;
+    }
+    ck_assert_msg(st == HD_OK, "hd_model_load (cpu) = %d (%s): %s", (int)st,
+                  hd_status_string(st), err);
+    after = rss_file_kb();
+    if (before >= 0 && after >= 0) {
+        const uint64_t w = hd_model_weight_bytes(loaded);
+        ck_assert_msg((uint64_t)(after > before ? after - before : 0) * 1024 < w / 4,
+                      "%ld kB of file pages resident after loading %llu bytes of "
+                      "weights with the cpu backend (%ld kB before)",
+                      after, (unsigned long long)w, before);
+    } else {
+        fprintf(stderr, "test_cpu_releases_file_pages: no RssFile in /proc/self/status; "
+                        "residency not checked\n");
+    }
+    {
+        char *again = save_temp(loaded, "again");
+        ck_assert_msg(same_file_bytes(g_path, again),
+                      "the model saved again after its pages were given back differs");
+        tu_remove(again);   /* frees the name too */
+    }
+    hd_model_free(loaded);
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
@@ -1098,6 +1179,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_save_load_identical);
     tcase_add_test(tc, test_saved_file_layout);
     tcase_add_test(tc, test_saved_synth_values);
+    tcase_add_test(tc, test_cpu_releases_file_pages);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("save");
