@@ -54,17 +54,67 @@ static void release_file_range(const hd_model *m, const void *p, size_t bytes)
 #endif
 }
 
-void hd_model_release_qlinear(const hd_model *m, const hd_qlinear *w)
+/* A synthetic model's tensor that starts at p and has exactly `bytes`:
+ * marked released, and the whole pages inside it given back (anonymous
+ * memory: they read as zeros after, which nothing does: hd_model_save
+ * makes the tensor again). */
+static void release_synth_tensor(hd_model *m, const void *p, size_t bytes)
+{
+    const uintptr_t own = (uintptr_t)m->owned, a = (uintptr_t)p;
+    if (!m->synth_specs || !m->owned || a < own || bytes > m->owned_bytes ||
+        a - own > m->owned_bytes - bytes)
+        return;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        hd_tensor *t = &m->tensors[i];
+        if (t->data != p || t->bytes != bytes)
+            continue;
+        t->released = 1;
+#if defined(HAVE_MADVISE) && defined(MADV_DONTNEED) && defined(_SC_PAGESIZE)
+        {
+            const long ps = sysconf(_SC_PAGESIZE);
+            if (ps > 0) {
+                const uintptr_t lo = (a + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+                const uintptr_t hi = (a + bytes) & ~((uintptr_t)ps - 1);
+                if (lo < hi)
+                    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+            }
+        }
+#endif
+        return;
+    }
+}
+
+void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w)
 {
     const size_t count = w->count > 0 ? (size_t)w->count : 0;
     const size_t wq = (size_t)(w->k / 2) * (size_t)w->n * count;
     const size_t sz = (size_t)(w->k / 128) * (size_t)w->n * count * sizeof(uint16_t);
-    if (w->w_q)
-        release_file_range(m, w->w_q, wq);
-    if (w->scales)
-        release_file_range(m, w->scales, sz);
-    if (w->zeros)
-        release_file_range(m, w->zeros, sz);
+    const void *part[3] = { w->w_q, w->scales, w->zeros };
+    const size_t bytes[3] = { wq, sz, sz };
+    for (int i = 0; i < 3; i++) {
+        if (!part[i] || bytes[i] == 0)
+            continue;
+        release_file_range(m, part[i], bytes[i]);
+        release_synth_tensor(m, part[i], bytes[i]);
+    }
+}
+
+void hd_model_release_layer(hd_model *m, int i)
+{
+    const hd_layer *L = &m->layers[i];
+    const hd_qlinear *kq[] = { &L->kda.q_proj, &L->kda.k_proj, &L->kda.v_proj,
+                               &L->kda.g_proj, &L->kda.o_proj };
+    const hd_qlinear *mq[] = { &L->mla.q_proj, &L->mla.kv_a, &L->mla.kv_b, &L->mla.o_proj };
+    const hd_qlinear *eq[] = { &L->moe.gate, &L->moe.up, &L->moe.down,
+                               &L->moe.s_gate, &L->moe.s_up, &L->moe.s_down };
+    if (L->kind == 'K')
+        for (size_t j = 0; j < sizeof kq / sizeof kq[0]; j++)
+            hd_model_release_qlinear(m, kq[j]);
+    else
+        for (size_t j = 0; j < sizeof mq / sizeof mq[0]; j++)
+            hd_model_release_qlinear(m, mq[j]);
+    for (size_t j = 0; j < sizeof eq / sizeof eq[0]; j++)
+        hd_model_release_qlinear(m, eq[j]);
 }
 
 static void model_destroy(hd_model *m)
@@ -75,6 +125,7 @@ static void model_destroy(hd_model *m)
         m->backend->model_free(m);
     hd_st_close(&m->file);
     hd_free_aligned(m->owned);
+    free(m->synth_specs);
     free(m->tensors);
     m->magic = 0;
     free(m);
@@ -165,6 +216,12 @@ static hd_status model_start_backend(hd_model *m, const hd_options *opt,
     if (st != HD_OK)
         return st;
     m->backend = ops;
+    /* The CUDA module has copied every int4 matrix to the device and reads
+     * the host's no more (the CPU backend gives them back itself, layer by
+     * layer as it repacks). */
+    if (ops->kind == HD_BACKEND_CUDA)
+        for (int i = 0; i < m->n_layers; i++)
+            hd_model_release_layer(m, i);
     return HD_OK;
 }
 
@@ -213,6 +270,7 @@ hd_status hd_model_synth(uint32_t seed, int experts, const char *pattern,
                      "out of memory for %" PRIu64 " bytes of weights", total);
         goto out;
     }
+    m->owned_bytes = (size_t)total;
     {
         unsigned char *p = m->owned;
         for (i = 0; i < m->n_tensors; i++) {
@@ -223,6 +281,11 @@ hd_status hd_model_synth(uint32_t seed, int experts, const char *pattern,
         }
     }
     snprintf(m->source, sizeof m->source, "synth seed %" PRIu32, seed);
+    /* kept: a backend may give tensors back (hd_model_release_qlinear),
+     * which hd_model_save then makes again */
+    m->synth_specs = specs;
+    m->synth_seed = seed;
+    specs = NULL;
     st = model_start_backend(m, options, err, err_size);
 out:
     free(specs);
@@ -505,10 +568,23 @@ hd_status hd_model_load(const char *path, const hd_options *options,
     return hd_model_from_st(&file, path, options, model, err, err_size);
 }
 
+/* A released synthetic tensor, made again while its model is saved. */
+typedef struct save_fill_ctx {
+    uint32_t seed;
+    const hd_tensor_spec *spec;
+} save_fill_ctx;
+
+static void save_fill(const void *ctx, void *dst)
+{
+    const save_fill_ctx *c = ctx;
+    hd_synth_fill(c->seed, c->spec, dst);
+}
+
 hd_status hd_model_save(const hd_model *model, const char *path, char *err,
                         size_t err_size)
 {
     hd_st_out *out;
+    save_fill_ctx *fills;
     hd_st_meta meta[2];
     char experts[16], pattern[HD_MAX_LAYERS + 1];
     hd_status st;
@@ -518,10 +594,15 @@ hd_status hd_model_save(const hd_model *model, const char *path, char *err,
     if (!path)
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT, "path is NULL");
     out = calloc(model->n_tensors, sizeof *out);
-    if (!out)
+    fills = calloc(model->n_tensors, sizeof *fills);
+    if (!out || !fills) {
+        free(out);
+        free(fills);
         return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY, "out of memory");
+    }
 #ifdef WORDS_BIGENDIAN
     free(out);
+    free(fills);
     return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
                    "saving models is not supported on big-endian hosts");
 #endif
@@ -534,6 +615,13 @@ hd_status hd_model_save(const hd_model *model, const char *path, char *err,
             out[i].shape[d] = t->shape[d];
         out[i].data = t->data;
         out[i].bytes = t->bytes;
+        if (t->released) { /* given back by the backend: made again */
+            out[i].data = NULL;
+            out[i].fill = save_fill;
+            out[i].fill_ctx = &fills[i];
+            fills[i].seed = model->synth_seed;
+            fills[i].spec = &model->synth_specs[i];
+        }
     }
     snprintf(experts, sizeof experts, "%d", model->experts);
     snprintf(pattern, sizeof pattern, "%s", model->pattern);
@@ -543,5 +631,6 @@ hd_status hd_model_save(const hd_model *model, const char *path, char *err,
     meta[1].value = pattern;
     st = hd_st_write(path, out, model->n_tensors, meta, 2, err, err_size);
     free(out);
+    free(fills);
     return st;
 }

@@ -63,6 +63,7 @@ typedef struct hd_tensor {
     uint64_t shape[3];
     const void *data;
     uint64_t bytes;
+    int released;              /* synthetic, given back: made again to save */
 } hd_tensor;
 
 struct hd_backend_ops;
@@ -83,7 +84,12 @@ struct hd_model {
      * aligned/byte-swapped copies of a file's tensors). */
     hd_st_file file;
     void *owned;
+    size_t owned_bytes;
     char source[512];          /* "synth seed 1" or the file path */
+    /* A synthetic model's seed and tensor specs (NULL for a file's), from
+     * which hd_model_save makes again the tensors a backend gave back. */
+    struct hd_tensor_spec *synth_specs;
+    uint32_t synth_seed;
 
     const struct hd_backend_ops *backend;
     void *backend_ctx;         /* the backend's per-model data */
@@ -102,11 +108,15 @@ hd_status hd_model_from_st(hd_st_file *file, const char *source,
                            const hd_options *options, hd_model **model,
                            char *err, size_t err_size);
 
-/* A backend that has made its own copy of w (every member) gives back the
- * pages of w's bytes that a mapped model file holds: they are read again
- * from the file if anything touches them later (hd_model_save, say), so
- * this changes no value, only what stays resident.  Weights in memory
- * (the synthetic model, copies, a parsed buffer) are left alone. */
-void hd_model_release_qlinear(const hd_model *m, const hd_qlinear *w);
+/* A backend that has made its own copy of w (every member) and reads w no
+ * more gives back the pages of w's bytes: those of a mapped model file
+ * (read again from the file if anything touches them later), and those of
+ * a synthetic model's tensors (marked released: hd_model_save makes them
+ * again from the seed; nothing else may read them after this).  Weights
+ * in memory that cannot be made again (copies, a parsed buffer) are left
+ * alone. */
+void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w);
+/* hd_model_release_qlinear of every int4 matrix of layer i. */
+void hd_model_release_layer(hd_model *m, int i);
 
 #endif /* HD_MODEL_H */

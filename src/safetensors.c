@@ -719,7 +719,7 @@ static hd_status st_check_out(const hd_st_out *t, size_t i, char *err,
                        "hd_st_write: tensor '%s': shape needs %" PRIu64
                        " bytes but %" PRIu64 " were given",
                        qn, bytes, t->bytes);
-    if (bytes > 0 && !t->data)
+    if (bytes > 0 && !t->data && !t->fill)
         return hd_fail(err, err_size, HD_ERR_INVALID_ARGUMENT,
                        "hd_st_write: tensor '%s': data is NULL", qn);
     return HD_OK;
@@ -840,8 +840,24 @@ static hd_status st_write_file(const char *path, const char *tmp,
                        tmp, strerror(errno));
     bool ok = st_fwrite_all(f, lenbuf, 8) && st_fwrite_all(f, header, hlen) &&
               st_fwrite_all(f, spaces, padded - hlen);
-    for (size_t i = 0; ok && i < n; i++)
-        ok = st_fwrite_all(f, order[i]->data, order[i]->bytes);
+    for (size_t i = 0; ok && i < n; i++) {
+        const hd_st_out *t = order[i];
+        if (t->data || t->bytes == 0) {
+            ok = st_fwrite_all(f, t->data, t->bytes);
+        } else {
+            void *buf = t->bytes <= SIZE_MAX ? malloc((size_t)t->bytes) : NULL;
+            if (!buf) {
+                fclose(f);
+                remove(tmp);
+                return hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
+                               "out of memory for tensor '%s' while writing '%s'",
+                               t->name, path);
+            }
+            t->fill(t->fill_ctx, buf);
+            ok = st_fwrite_all(f, buf, t->bytes);
+            free(buf);
+        }
+    }
     /* fsync before rename, so that a crash cannot leave an empty file under
      * the final name. */
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;

@@ -74,7 +74,9 @@ const hd_st_tensor *hd_st_find(const hd_st_file *file, const char *name);
 const char *hd_st_meta_get(const hd_st_file *file, const char *key);
 
 /* A tensor to write: the data is copied to the file as it is (the caller
- * gives little-endian bytes). */
+ * gives little-endian bytes).  With data NULL and fill set, fill(fill_ctx,
+ * buf) writes the tensor's bytes into a buffer of `bytes` made for it
+ * while the file is written (one tensor's at a time). */
 typedef struct hd_st_out {
     const char *name;
     hd_dtype dtype;
@@ -82,6 +84,8 @@ typedef struct hd_st_out {
     uint64_t shape[HD_ST_MAX_DIMS];
     const void *data;
     uint64_t bytes;        /* must equal product(shape) * dtype size */
+    void (*fill)(const void *fill_ctx, void *buf);
+    const void *fill_ctx;
 } hd_st_out;
 
 /* Writes a safetensors file: header keys sorted by name, data in that order

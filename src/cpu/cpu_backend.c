@@ -115,27 +115,6 @@ static void repack_job(cpu_layer *C, const hd_layer *L, int E, int j)
     }
 }
 
-/* Layer L's int4 matrices are all in the repacked copies now: a model
- * file's pages of them need not stay resident (memory: the packed weights
- * once, not twice; given back layer by layer, so that the peak while
- * loading is one layer's more, not the model's). */
-static void release_layer(const hd_model *model, const hd_layer *L)
-{
-    const hd_qlinear *kq[] = { &L->kda.q_proj, &L->kda.k_proj, &L->kda.v_proj,
-                               &L->kda.g_proj, &L->kda.o_proj };
-    const hd_qlinear *mq[] = { &L->mla.q_proj, &L->mla.kv_a, &L->mla.kv_b, &L->mla.o_proj };
-    const hd_qlinear *eq[] = { &L->moe.gate, &L->moe.up, &L->moe.down,
-                               &L->moe.s_gate, &L->moe.s_up, &L->moe.s_down };
-    if (L->kind == 'K')
-        for (size_t j = 0; j < sizeof kq / sizeof kq[0]; j++)
-            hd_model_release_qlinear(model, kq[j]);
-    else
-        for (size_t j = 0; j < sizeof mq / sizeof mq[0]; j++)
-            hd_model_release_qlinear(model, mq[j]);
-    for (size_t j = 0; j < sizeof eq / sizeof eq[0]; j++)
-        hd_model_release_qlinear(model, eq[j]);
-}
-
 static hd_status cpu_model_init(hd_model *model, char *err, size_t err_size)
 {
     cpu_model *cm;
@@ -167,7 +146,10 @@ static hd_status cpu_model_init(hd_model *model, char *err, size_t err_size)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(cm->threads)
         for (int j = 0; j < n; j++)
             repack_job(C, L, E, j);
-        release_layer(model, L);
+        /* layer i's int4 matrices are all in the copies now: given back
+         * layer by layer, so that loading holds one layer's twice at
+         * most, not the model's */
+        hd_model_release_layer(model, i);
     }
     snprintf(model->backend_info, sizeof model->backend_info,
              "cpu (%s, %d thread%s)", cm->kern->name, cm->threads,
