@@ -1088,17 +1088,21 @@ START_TEST(test_byte_level)
 }
 END_TEST
 
-/* kB of this process's resident file-backed pages (Linux); -1 elsewhere. */
-static long rss_file_kb(void)
+/* The value of `key` ("RssFile", "RssAnon") in /proc/self/status, kB;
+ * -1 where there is none (not Linux). */
+static long proc_status_kb(const char *key)
 {
     char line[256];
+    const size_t n = strlen(key);
     long kb = -1;
     FILE *f = fopen("/proc/self/status", "r");
     if (!f)
         return -1;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssFile: %ld kB", &kb) == 1)
+        if (strncmp(line, key, n) == 0 && line[n] == ':') {
+            kb = strtol(line + n + 1, NULL, 10);
             break;
+        }
     fclose(f);
     return kb;
 }
@@ -1123,111 +1127,81 @@ static int same_file_bytes(const char *a, const char *b)
     return same;
 }
 
+/* m, just made from g_model's seed or file on the CPU backend (st its
+ * status) when /proc/self/status gave `before` kB of `key`: at most
+ * limit_num / limit_den of its weight bytes more are resident in `key`
+ * (where the kernel tells), and saved again it is g_path byte for byte. */
+static void check_held_once(const char *what, hd_model *m, hd_status st, const char *err,
+                            const char *key, long before, int limit_num, int limit_den)
+{
+    long after;
+    if (st == HD_ERR_BACKEND_UNAVAILABLE) {
+        fprintf(stderr, "%s: no cpu backend here (%s)\n", what, err);
+        return;
+    }
+    ck_assert_msg(st == HD_OK, "%s: the cpu model = %d (%s): %s", what, (int)st,
+                  hd_status_string(st), err);
+    after = proc_status_kb(key);
+    if (before >= 0 && after >= 0) {
+        const uint64_t w = hd_model_weight_bytes(m);
+        ck_assert_msg((uint64_t)(after > before ? after - before : 0) * 1024 * (uint64_t)limit_den <
+                          w * (uint64_t)limit_num,
+                      "%s: %s %ld kB after %llu bytes of weights on the cpu backend "
+                      "(%ld kB before)",
+                      what, key, after, (unsigned long long)w, before);
+    } else {
+        fprintf(stderr, "%s: no %s in /proc/self/status; residency not checked\n", what, key);
+    }
+    {
+        char *path = save_temp(m, "again");
+        ck_assert_msg(same_file_bytes(g_path, path),
+                      "%s: the model saved again differs from the reference's file", what);
+        tu_remove(path);    /* frees the name too */
+    }
+    hd_model_free(m);
+}
+
+static void cpu_options(hd_options *opt)
+{
+    hd_options_init(opt);
+    opt->backend = HD_BACKEND_CPU;
+    opt->threads = 1;
+}
+
 /* The CPU backend repacks the int4 matrices into its own layout, then
- * gives back the model file's pages of them (the issue: memory is the
- * packed weights once): after loading g_path with it, at most a quarter of
- * the file's int4 bytes are resident as file pages.  The given-back pages
- * are read again where something touches them: the model saved again is
- * the same file, byte for byte. */
+ * gives the originals back (the issue: memory is the packed weights
+ * once).  From a file (g_path): less than a quarter of the int4 bytes
+ * stay resident as file pages (without the release: all of them), and
+ * the given-back pages are read again where something touches them. */
 START_TEST(test_cpu_releases_file_pages)
 {
     hd_options opt;
-    hd_model *loaded = NULL;
+    hd_model *m = NULL;
     char err[512] = "";
-    const long before = rss_file_kb();
+    const long before = proc_status_kb("RssFile");
     hd_status st;
-    long after;
 
-    hd_options_init(&opt);
-    opt.backend = HD_BACKEND_CPU;
-    opt.threads = 1;
-    st = hd_model_load(g_path, &opt, &loaded, err, sizeof err);
-    if (st == HD_ERR_BACKEND_UNAVAILABLE) {
-        fprintf(stderr, "test_cpu_releases_file_pages: no cpu backend here (%s)\n", err);
-        return;
-    }
-    ck_assert_msg(st == HD_OK, "hd_model_load (cpu) = %d (%s): %s", (int)st,
-                  hd_status_string(st), err);
-    after = rss_file_kb();
-    if (before >= 0 && after >= 0) {
-        const uint64_t w = hd_model_weight_bytes(loaded);
-        ck_assert_msg((uint64_t)(after > before ? after - before : 0) * 1024 < w / 4,
-                      "%ld kB of file pages resident after loading %llu bytes of "
-                      "weights with the cpu backend (%ld kB before)",
-                      after, (unsigned long long)w, before);
-    } else {
-        fprintf(stderr, "test_cpu_releases_file_pages: no RssFile in /proc/self/status; "
-                        "residency not checked\n");
-    }
-    {
-        char *again = save_temp(loaded, "again");
-        ck_assert_msg(same_file_bytes(g_path, again),
-                      "the model saved again after its pages were given back differs");
-        tu_remove(again);   /* frees the name too */
-    }
-    hd_model_free(loaded);
+    cpu_options(&opt);
+    st = hd_model_load(g_path, &opt, &m, err, sizeof err);
+    check_held_once("file", m, st, err, "RssFile", before, 1, 4);
 }
 END_TEST
 
-/* kB of this process's resident anonymous pages (Linux); -1 elsewhere. */
-static long rss_anon_kb(void)
-{
-    char line[256];
-    long kb = -1;
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
-/* The same for a synthetic model: its int4 tensors are the process's own
- * memory, given back once repacked and made again from the seed when the
- * model is saved.  g_model's twin on the CPU backend holds its weights
- * about once (less than 1.5 x their bytes more resident anonymous memory
- * after it is made; twice without the release), and saved, it is g_path
- * byte for byte. */
+/* Synthetic (g_model's seed, E and pattern): the int4 tensors are the
+ * process's own memory, given back and made again from the seed when the
+ * model is saved; less than 1.5 x the weights' bytes more anonymous
+ * memory resident (twice without the release). */
 START_TEST(test_cpu_releases_synth_pages)
 {
     hd_options opt;
     hd_model *m = NULL;
     char err[512] = "";
-    const long before = rss_anon_kb();
+    const long before = proc_status_kb("RssAnon");
     hd_status st;
-    long after;
 
-    hd_options_init(&opt);
-    opt.backend = HD_BACKEND_CPU;
-    opt.threads = 1;
+    cpu_options(&opt);
     st = hd_model_synth(3, 8, "KKKM", &opt, &m, err, sizeof err);
-    if (st == HD_ERR_BACKEND_UNAVAILABLE) {
-        fprintf(stderr, "test_cpu_releases_synth_pages: no cpu backend here (%s)\n", err);
-        return;
-    }
-    ck_assert_msg(st == HD_OK, "hd_model_synth (cpu) = %d (%s): %s", (int)st,
-                  hd_status_string(st), err);
-    after = rss_anon_kb();
-    if (before >= 0 && after >= 0) {
-        const uint64_t w = hd_model_weight_bytes(m);
-        ck_assert_msg((uint64_t)(after > before ? after - before : 0) * 1024 < w / 2 * 3,
-                      "%ld kB of anonymous memory resident after making %llu bytes of "
-                      "weights with the cpu backend (%ld kB before)",
-                      after, (unsigned long long)w, before);
-    } else {
-        fprintf(stderr, "test_cpu_releases_synth_pages: no RssAnon in /proc/self/status; "
-                        "residency not checked\n");
-    }
-    {
-        char *path = save_temp(m, "synth-cpu");
-        ck_assert_msg(same_file_bytes(g_path, path),
-                      "the synthetic model saved from the cpu backend differs from "
-                      "the reference backend's");
-        tu_remove(path);
-    }
-    hd_model_free(m);
+    check_held_once("synth", m, st, err, "RssAnon", before, 3, 2);
 }
 END_TEST
 
