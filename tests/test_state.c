@@ -540,8 +540,16 @@ START_TEST(test_alloc_aligned)
         ck_assert_ptr_nonnull(p);
         ck_assert_msg((uintptr_t)p % align == 0, "%zu bytes at %p, not on %zu", n, (void *)p,
                       align);
-        for (size_t j = 0; j < usable; j++)
-            ck_assert_msg(p[j] == 0, "%zu bytes: byte %zu is %d", n, j, p[j]);
+        {
+            /* one assertion a block, not a byte (valgrind runs this) */
+            unsigned char any = 0;
+            size_t first = 0;
+            for (size_t j = 0; j < usable; j++)
+                any |= p[j];
+            while (any && p[first] == 0)
+                first++;
+            ck_assert_msg(any == 0, "%zu bytes: byte %zu is %d", n, first, p[first]);
+        }
         memset(p, 0xa5, usable);
         hd_free_aligned(p);
     }
