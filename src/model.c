@@ -31,56 +31,53 @@ static hd_model *model_new(const char *pattern, int experts)
     return m;
 }
 
-/* The whole pages of [p, p + bytes) that lie in the model's file mapping,
- * unmapped from the process (MADV_DONTNEED: the mapping is private and
- * read-only, so a later access maps the file's page again). */
-static void release_file_range(const hd_model *m, const void *p, size_t bytes)
+/* Whether [p, p + bytes) lies inside [base, base + len). */
+static int range_inside(const void *base, size_t len, const void *p, size_t bytes)
+{
+    const uintptr_t b = (uintptr_t)base, a = (uintptr_t)p;
+    return base && a >= b && bytes <= len && a - b <= len - bytes;
+}
+
+/* The whole pages of [p, p + bytes), unmapped from the process
+ * (MADV_DONTNEED): a private read-only file mapping maps the file's page
+ * again where it is read, anonymous memory reads as zeros. */
+static void give_back_pages(const void *p, size_t bytes)
 {
 #if defined(HAVE_MADVISE) && defined(MADV_DONTNEED) && defined(_SC_PAGESIZE)
-    const uintptr_t map = (uintptr_t)m->file.map, a = (uintptr_t)p;
+    const uintptr_t a = (uintptr_t)p;
     const long ps = sysconf(_SC_PAGESIZE);
     uintptr_t lo, hi;
-    if (!m->file.map || ps <= 0 || a < map || bytes > m->file.map_bytes ||
-        a - map > m->file.map_bytes - bytes)
+    if (ps <= 0)
         return;
     lo = (a + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
     hi = (a + bytes) & ~((uintptr_t)ps - 1);
     if (lo < hi)
         (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 #else
-    (void)m;
     (void)p;
     (void)bytes;
 #endif
 }
 
-/* A synthetic model's tensor that starts at p and has exactly `bytes`:
- * marked released, and the whole pages inside it given back (anonymous
- * memory: they read as zeros after, which nothing does: hd_model_save
- * makes the tensor again). */
-static void release_synth_tensor(hd_model *m, const void *p, size_t bytes)
+/* [p, p + bytes): given back where it lies in the model's file mapping;
+ * where it is exactly one of a synthetic model's tensors, that tensor is
+ * marked released too (nothing reads it after: hd_model_save makes it
+ * again). */
+static void release_range(hd_model *m, const void *p, size_t bytes)
 {
-    const uintptr_t own = (uintptr_t)m->owned, a = (uintptr_t)p;
-    if (!m->synth_specs || !m->owned || a < own || bytes > m->owned_bytes ||
-        a - own > m->owned_bytes - bytes)
+    if (range_inside(m->file.map, m->file.map_bytes, p, bytes)) {
+        give_back_pages(p, bytes);
+        return;
+    }
+    if (!m->synth_specs || !range_inside(m->owned, m->owned_bytes, p, bytes))
         return;
     for (size_t i = 0; i < m->n_tensors; i++) {
         hd_tensor *t = &m->tensors[i];
-        if (t->data != p || t->bytes != bytes)
-            continue;
-        t->released = 1;
-#if defined(HAVE_MADVISE) && defined(MADV_DONTNEED) && defined(_SC_PAGESIZE)
-        {
-            const long ps = sysconf(_SC_PAGESIZE);
-            if (ps > 0) {
-                const uintptr_t lo = (a + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
-                const uintptr_t hi = (a + bytes) & ~((uintptr_t)ps - 1);
-                if (lo < hi)
-                    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-            }
+        if (t->data == p && t->bytes == bytes) {
+            t->released = 1;
+            give_back_pages(p, bytes);
+            return;
         }
-#endif
-        return;
     }
 }
 
@@ -94,8 +91,7 @@ void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w)
     for (int i = 0; i < 3; i++) {
         if (!part[i] || bytes[i] == 0)
             continue;
-        release_file_range(m, part[i], bytes[i]);
-        release_synth_tensor(m, part[i], bytes[i]);
+        release_range(m, part[i], bytes[i]);
     }
 }
 
