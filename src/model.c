@@ -59,35 +59,66 @@ static void give_back_pages(const void *p, size_t bytes)
 #endif
 }
 
+/* The index of the synthetic model's tensor that is exactly [p, p +
+ * bytes), or -1 (a file's model, or no such tensor). */
+static long synth_tensor(const hd_model *m, const void *p, size_t bytes)
+{
+    if (!m->synth_specs || !range_inside(m->owned, m->owned_bytes, p, bytes))
+        return -1;
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].data == p && m->tensors[i].bytes == bytes)
+            return (long)i;
+    return -1;
+}
+
 /* [p, p + bytes): given back where it lies in the model's file mapping;
  * where it is exactly one of a synthetic model's tensors, that tensor is
- * marked released too (nothing reads it after: hd_model_save makes it
- * again). */
+ * marked released too (nothing reads it after: hd_model_save and
+ * hd_model_acquire_layer make it again). */
 static void release_range(hd_model *m, const void *p, size_t bytes)
 {
+    long i;
     if (range_inside(m->file.map, m->file.map_bytes, p, bytes)) {
         give_back_pages(p, bytes);
         return;
     }
-    if (!m->synth_specs || !range_inside(m->owned, m->owned_bytes, p, bytes))
-        return;
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        hd_tensor *t = &m->tensors[i];
-        if (t->data == p && t->bytes == bytes) {
-            t->released = 1;
-            give_back_pages(p, bytes);
-            return;
-        }
+    i = synth_tensor(m, p, bytes);
+    if (i >= 0) {
+        m->tensors[i].released = 1;
+        give_back_pages(p, bytes);
     }
+}
+
+/* Synthetic tensor i made (again) from the seed where it is not resident. */
+static void acquire_tensor(hd_model *m, size_t i)
+{
+    hd_tensor *t = &m->tensors[i];
+    if (!t->released)
+        return;
+    /* inside m->owned, which the model allocated writable */
+    hd_synth_fill(m->synth_seed, &m->synth_specs[i],
+                  (unsigned char *)m->owned + ((const unsigned char *)t->data -
+                                               (const unsigned char *)m->owned));
+    t->released = 0;
+}
+
+/* The three tensors of w (every member): their starts and sizes. */
+static void qlinear_parts(const hd_qlinear *w, const void *part[3], size_t bytes[3])
+{
+    const size_t count = w->count > 0 ? (size_t)w->count : 0;
+    const size_t sz = (size_t)(w->k / 128) * (size_t)w->n * count * sizeof(uint16_t);
+    part[0] = w->w_q;
+    part[1] = w->scales;
+    part[2] = w->zeros;
+    bytes[0] = (size_t)(w->k / 2) * (size_t)w->n * count;
+    bytes[1] = bytes[2] = sz;
 }
 
 void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w)
 {
-    const size_t count = w->count > 0 ? (size_t)w->count : 0;
-    const size_t wq = (size_t)(w->k / 2) * (size_t)w->n * count;
-    const size_t sz = (size_t)(w->k / 128) * (size_t)w->n * count * sizeof(uint16_t);
-    const void *part[3] = { w->w_q, w->scales, w->zeros };
-    const size_t bytes[3] = { wq, sz, sz };
+    const void *part[3];
+    size_t bytes[3];
+    qlinear_parts(w, part, bytes);
     for (int i = 0; i < 3; i++) {
         if (!part[i] || bytes[i] == 0)
             continue;
@@ -95,22 +126,76 @@ void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w)
     }
 }
 
+/* Layer L's int4 matrices into q (LAYER_QLINEARS at most: 5 of KDA or 4 of
+ * MLA, then 6 of the MoE); returns how many. */
+#define LAYER_QLINEARS 11
+static int layer_qlinears(const hd_layer *L, const hd_qlinear **q)
+{
+    int n = 0;
+    if (L->kind == 'K') {
+        q[n++] = &L->kda.q_proj;
+        q[n++] = &L->kda.k_proj;
+        q[n++] = &L->kda.v_proj;
+        q[n++] = &L->kda.g_proj;
+        q[n++] = &L->kda.o_proj;
+    } else {
+        q[n++] = &L->mla.q_proj;
+        q[n++] = &L->mla.kv_a;
+        q[n++] = &L->mla.kv_b;
+        q[n++] = &L->mla.o_proj;
+    }
+    q[n++] = &L->moe.gate;
+    q[n++] = &L->moe.up;
+    q[n++] = &L->moe.down;
+    q[n++] = &L->moe.s_gate;
+    q[n++] = &L->moe.s_up;
+    q[n++] = &L->moe.s_down;
+    return n;
+}
+
 void hd_model_release_layer(hd_model *m, int i)
 {
-    const hd_layer *L = &m->layers[i];
-    const hd_qlinear *kq[] = { &L->kda.q_proj, &L->kda.k_proj, &L->kda.v_proj,
-                               &L->kda.g_proj, &L->kda.o_proj };
-    const hd_qlinear *mq[] = { &L->mla.q_proj, &L->mla.kv_a, &L->mla.kv_b, &L->mla.o_proj };
-    const hd_qlinear *eq[] = { &L->moe.gate, &L->moe.up, &L->moe.down,
-                               &L->moe.s_gate, &L->moe.s_up, &L->moe.s_down };
-    if (L->kind == 'K')
-        for (size_t j = 0; j < sizeof kq / sizeof kq[0]; j++)
-            hd_model_release_qlinear(m, kq[j]);
-    else
-        for (size_t j = 0; j < sizeof mq / sizeof mq[0]; j++)
-            hd_model_release_qlinear(m, mq[j]);
-    for (size_t j = 0; j < sizeof eq / sizeof eq[0]; j++)
-        hd_model_release_qlinear(m, eq[j]);
+    const hd_qlinear *q[LAYER_QLINEARS];
+    const int n = layer_qlinears(&m->layers[i], q);
+    for (int j = 0; j < n; j++)
+        hd_model_release_qlinear(m, q[j]);
+}
+
+/* Calls f on the index of every synthetic tensor of layer i's int4
+ * matrices. */
+static void layer_synth_tensors(hd_model *m, int i, void (*f)(hd_model *, size_t))
+{
+    const hd_qlinear *q[LAYER_QLINEARS];
+    const int n = layer_qlinears(&m->layers[i], q);
+    for (int j = 0; j < n; j++) {
+        const void *part[3];
+        size_t bytes[3];
+        qlinear_parts(q[j], part, bytes);
+        for (int k = 0; k < 3; k++) {
+            const long t = part[k] && bytes[k] ? synth_tensor(m, part[k], bytes[k]) : -1;
+            if (t >= 0)
+                f(m, (size_t)t);
+        }
+    }
+}
+
+void hd_model_acquire_layer(hd_model *m, int i)
+{
+    layer_synth_tensors(m, i, acquire_tensor);
+}
+
+void hd_model_acquire_all(hd_model *m)
+{
+    if (!m->synth_specs)
+        return;
+    for (size_t i = 0; i < m->n_tensors; i++)
+        acquire_tensor(m, i);
+}
+
+/* A synthetic int4 tensor left to be made when a backend needs it. */
+static void defer_tensor(hd_model *m, size_t i)
+{
+    m->tensors[i].released = 1;
 }
 
 static void model_destroy(hd_model *m)
@@ -120,7 +205,10 @@ static void model_destroy(hd_model *m)
     if (m->backend && m->backend->model_free)
         m->backend->model_free(m);
     hd_st_close(&m->file);
-    hd_free_aligned(m->owned);
+    if (m->owned_lazy)
+        hd_free_lazy(m->owned, m->owned_bytes);
+    else
+        hd_free_aligned(m->owned);
     free(m->synth_specs);
     free(m->tensors);
     m->magic = 0;
@@ -169,6 +257,19 @@ static void model_bind(hd_model *m, const hd_tensor_spec *s, size_t i,
         *s->bf16_slot = data;
 }
 
+/* ops's model_init on m.  The CPU backend makes a synthetic model's int4
+ * matrices itself, a layer at a time (hd_model_acquire_layer); the others
+ * read them all from the model (the reference at every step, the CUDA
+ * module while it copies them to the device), so they are made first. */
+static hd_status backend_init(hd_model *m, const hd_backend_ops *ops, char *err,
+                              size_t err_size)
+{
+    snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
+    if (ops->kind != HD_BACKEND_CPU)
+        hd_model_acquire_all(m);
+    return ops->model_init(m, err, err_size);
+}
+
 static hd_status model_start_backend(hd_model *m, const hd_options *opt,
                                      char *err, size_t err_size)
 {
@@ -196,8 +297,7 @@ static hd_status model_start_backend(hd_model *m, const hd_options *opt,
         return st;
     m->threads = opt->threads;
     m->device = opt->device;
-    snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
-    st = ops->model_init(m, err, err_size);
+    st = backend_init(m, ops, err, err_size);
     /* auto: a backend that refuses this model hands it to the next one */
     while (st != HD_OK && automatic &&
            (st == HD_ERR_BACKEND || st == HD_ERR_BACKEND_UNAVAILABLE ||
@@ -206,8 +306,7 @@ static hd_status model_start_backend(hd_model *m, const hd_options *opt,
         if (!next)
             break;
         ops = next;
-        snprintf(m->backend_info, sizeof m->backend_info, "%s", ops->name);
-        st = ops->model_init(m, err, err_size);
+        st = backend_init(m, ops, err, err_size);
     }
     if (st != HD_OK)
         return st;
@@ -260,28 +359,38 @@ hd_status hd_model_synth(uint32_t seed, int experts, const char *pattern,
             goto out;
         }
     }
-    m->owned = hd_alloc_aligned((size_t)total);
+    /* untouched until made: the int4 matrices are made when the backend
+     * needs them (hd_model_acquire_layer) */
+    m->owned = hd_alloc_lazy((size_t)total);
     if (!m->owned) {
         st = hd_fail(err, err_size, HD_ERR_OUT_OF_MEMORY,
                      "out of memory for %" PRIu64 " bytes of weights", total);
         goto out;
     }
     m->owned_bytes = (size_t)total;
+    m->owned_lazy = 1;
     {
         unsigned char *p = m->owned;
         for (i = 0; i < m->n_tensors; i++) {
             uint64_t b = hd_motif_tensor_bytes(&specs[i]);
-            hd_synth_fill(seed, &specs[i], p);
             model_bind(m, &specs[i], i, p);
             p += (b + 63) & ~(uint64_t)63;
         }
     }
     snprintf(m->source, sizeof m->source, "synth seed %" PRIu32, seed);
-    /* kept: a backend may give tensors back (hd_model_release_qlinear),
-     * which hd_model_save then makes again */
+    /* kept: the int4 matrices are made later, and a backend may give them
+     * back (hd_model_release_qlinear), which hd_model_save then makes
+     * again */
     m->synth_specs = specs;
     m->synth_seed = seed;
     specs = NULL;
+    for (int l = 0; l < m->n_layers; l++)
+        layer_synth_tensors(m, l, defer_tensor);
+    for (i = 0; i < m->n_tensors; i++)
+        if (!m->tensors[i].released) /* the norms, the router, ...: made now */
+            hd_synth_fill(seed, &m->synth_specs[i], (unsigned char *)m->owned +
+                          ((const unsigned char *)m->tensors[i].data -
+                           (const unsigned char *)m->owned));
     st = model_start_backend(m, options, err, err_size);
 out:
     free(specs);

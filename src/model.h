@@ -63,7 +63,9 @@ typedef struct hd_tensor {
     uint64_t shape[3];
     const void *data;
     uint64_t bytes;
-    int released;              /* synthetic, given back: made again to save */
+    int released;              /* synthetic and not resident: not made yet,
+                                * or given back (hd_model_acquire_layer and
+                                * hd_model_save make it from the seed) */
 } hd_tensor;
 
 struct hd_backend_ops;
@@ -85,6 +87,7 @@ struct hd_model {
     hd_st_file file;
     void *owned;
     size_t owned_bytes;
+    int owned_lazy;            /* owned is hd_alloc_lazy's (synth) */
     char source[512];          /* "synth seed 1" or the file path */
     /* A synthetic model's seed and tensor specs (NULL for a file's), from
      * which hd_model_save makes again the tensors a backend gave back. */
@@ -118,5 +121,14 @@ hd_status hd_model_from_st(hd_st_file *file, const char *source,
 void hd_model_release_qlinear(hd_model *m, const hd_qlinear *w);
 /* hd_model_release_qlinear of every int4 matrix of layer i. */
 void hd_model_release_layer(hd_model *m, int i);
+
+/* A synthetic model's int4 matrices are made when a backend first needs
+ * them, not with the model (so that the CPU backend, which repacks them
+ * layer by layer and gives each layer back, never holds the model's
+ * int4 weights twice): hd_model_acquire_layer makes those of layer i that
+ * are not resident, hd_model_acquire_all every tensor's.  No effect on a
+ * file's model, whose pages the kernel maps in when read. */
+void hd_model_acquire_layer(hd_model *m, int i);
+void hd_model_acquire_all(hd_model *m);
 
 #endif /* HD_MODEL_H */

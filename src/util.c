@@ -55,3 +55,32 @@ void hd_free_aligned(void *p)
 {
     free(p);
 }
+
+#if defined(HAVE_MMAP) && defined(HAVE_SYS_MMAN_H) && defined(MAP_ANONYMOUS)
+#define HD_LAZY_MMAP 1
+#endif
+
+void *hd_alloc_lazy(size_t bytes)
+{
+#ifdef HD_LAZY_MMAP
+    void *p;
+    if (bytes == 0)
+        bytes = 1;
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+#else
+    return hd_alloc_aligned(bytes);
+#endif
+}
+
+void hd_free_lazy(void *p, size_t bytes)
+{
+    if (!p)
+        return;
+#ifdef HD_LAZY_MMAP
+    (void)munmap(p, bytes ? bytes : 1);
+#else
+    (void)bytes;
+    hd_free_aligned(p);
+#endif
+}

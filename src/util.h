@@ -88,4 +88,11 @@ static inline void hd_store_le64(unsigned char *p, uint64_t v)
 void *hd_alloc_aligned(size_t bytes);
 void hd_free_aligned(void *p);
 
+/* Zeroed, page-aligned memory whose pages the process holds only once
+ * they are written (an anonymous mapping; where there is none, an
+ * hd_alloc_aligned block, touched whole).  Free with hd_free_lazy and the
+ * same size. */
+void *hd_alloc_lazy(size_t bytes);
+void hd_free_lazy(void *p, size_t bytes);
+
 #endif /* HD_UTIL_H */

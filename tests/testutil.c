@@ -459,17 +459,21 @@ void tu_snapshot_free(tu_snapshot *snap)
 
 /* ---- test size ---------------------------------------------------------------- */
 
+bool tu_under_valgrind(void)
+{
+#ifdef HAVE_VALGRIND_VALGRIND_H
+    return RUNNING_ON_VALGRIND ? true : false;
+#else
+    return false;
+#endif
+}
+
 /* 1 small, 0 full, -1 HD_TEST_SCALE holds something else. */
 static int scale_from_env(void)
 {
     const char *v = getenv("HD_TEST_SCALE");
-    if (v == NULL || v[0] == '\0') {
-#ifdef HAVE_VALGRIND_VALGRIND_H
-        return RUNNING_ON_VALGRIND ? 1 : 0;
-#else
-        return 0;
-#endif
-    }
+    if (v == NULL || v[0] == '\0')
+        return tu_under_valgrind() ? 1 : 0;
     if (strcmp(v, "small") == 0)
         return 1;
     if (strcmp(v, "full") == 0)

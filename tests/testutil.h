@@ -138,6 +138,10 @@ void tu_snapshot_free(tu_snapshot *snap);
  * changes.  Any other value fails tu_run_suite. */
 bool tu_small(void);
 
+/* Whether the test runs under valgrind (where configure found
+ * valgrind/valgrind.h; false elsewhere). */
+bool tu_under_valgrind(void);
+
 /* `full` at the full size, `small` at the small size. */
 int tu_size(int full, int small);
 

@@ -143,6 +143,9 @@ static hd_status cpu_model_init(hd_model *model, char *err, size_t err_size)
         const int n = jobs_of(&model->layers[i], E);
         cpu_layer *C = &cm->layers[i];
         const hd_layer *L = &model->layers[i];
+        /* a synthetic model's int4 matrices are made here, a layer at a
+         * time (none of them exist before) */
+        hd_model_acquire_layer(model, i);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(cm->threads)
         for (int j = 0; j < n; j++)
             repack_job(C, L, E, j);
