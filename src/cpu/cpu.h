@@ -243,16 +243,27 @@ void cpu_amx_gemv_pairs_x3(const uint8_t *tiles, int p0, int p1, int groups, int
  * amx_mla_range): the tiles configured for them, and released. */
 void cpu_amx_mla_begin(void);
 void cpu_amx_mla_end(void);
-/* The scores of 32 tokens, sc [32 tokens][32 heads]: c_kv rows at c (LR
- * words apart), k_rope rows at kr (RP words apart), the query's B tiles
- * at qt (CPU_AMX_QT tiles); pfc, pfk: the next 32 rows to prefetch, or
- * NULL. */
-void cpu_amx_mla_scores(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
-                        float *sc, const uint16_t *pfc, const uint16_t *pfk);
-/* acc [32 heads][LR] += p times the values of 32 subs tokens: p's A
- * tiles at pt ([2 head halves][2 blocks][3 parts]), the values' B tiles
- * at vt ([2 blocks][16 token pairs][LR][2]). */
-void cpu_amx_mla_values(const uint16_t *pt, const uint16_t *vt, int subs, float *acc);
+/* The scores of 32 tokens, sc [32 tokens][32 heads], in
+ * CPU_AMX_SC_STEPS steps (the latent dimensions 32 at a time, then the
+ * rope's), [s0, s1) of them a call: step 0 zeroes the sums, the last
+ * stores them.  c_kv rows at c (LR words apart), k_rope rows at kr (RP
+ * words apart), the query's B tiles at qt (CPU_AMX_QT tiles); pfc, pfk:
+ * the next 32 rows to prefetch, or NULL.  Between the calls of one block
+ * nothing else may use the tiles (the caller's vector work may). */
+#define CPU_AMX_SC_STEPS (HD_MLA_KV_LORA / 32 + HD_MLA_QK_ROPE / 32)
+void cpu_amx_mla_scores_steps(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
+                              float *sc, const uint16_t *pfc, const uint16_t *pfk, int s0,
+                              int s1);
+/* acc [32 heads][LR] += p times the values of 32 subs tokens, in
+ * CPU_AMX_VAL_STEPS steps (head half k / (LR / 16), 16 latent dimensions
+ * k % (LR / 16)), [k0, k1) of them a call: p's A tiles at pt ([2 head
+ * halves][2 blocks][3 parts]), loaded at a head half's first step and
+ * kept in the tiles through its others (so nothing else may use the
+ * tiles between the calls of one head half), the values' B tiles at vt
+ * ([2 blocks][16 token pairs][LR][2]). */
+#define CPU_AMX_VAL_STEPS (2 * HD_MLA_KV_LORA / 16)
+void cpu_amx_mla_values_steps(const uint16_t *pt, const uint16_t *vt, int subs, float *acc,
+                              int k0, int k1);
 #define CPU_AMX_QT 100      /* B tiles of the query: 3 x 16 x 2, rope 2 x 2 */
 #endif
 /* cpu_kern_avx512bf16.c (built with -mavx512bf16). */

@@ -400,72 +400,82 @@ static inline __attribute__((always_inline)) void mla_scores_step(const uint16_t
     _tile_dpbf16ps(3, 5, 7);
 }
 
-void cpu_amx_mla_scores(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
-                        float *sc, const uint16_t *pfc, const uint16_t *pfk)
+void cpu_amx_mla_scores_steps(const uint16_t *c, const uint16_t *kr, const uint16_t *qt,
+                              float *sc, const uint16_t *pfc, const uint16_t *pfk, int s0,
+                              int s1)
 {
     const int LR = HD_MLA_KV_LORA, RP = HD_MLA_QK_ROPE;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int kt = 0; kt < LR / 32; kt++) {
-        /* line kt of each of the next block's rows: the whole block by
-         * the last kt */
-        if (pfc)
-            for (int r = 0; r < 32; r++)
-                _mm_prefetch((const char *)(pfc + (size_t)r * LR + 32 * kt), MLA_PF_HINT);
-        if (pfk && kt < 4)
-            for (int r = 8 * kt; r < 8 * kt + 8; r++) {
-                _mm_prefetch((const char *)(pfk + (size_t)r * RP), MLA_PF_HINT);
-                _mm_prefetch((const char *)(pfk + (size_t)r * RP + 32), MLA_PF_HINT);
-            }
-        _tile_loadd(4, c + 32 * kt, LR * 2);
-        _tile_loadd(5, c + (size_t)16 * LR + 32 * kt, LR * 2);
-        for (int p = 0; p < 3; p++)
-            mla_scores_step(qt + ((size_t)(p * (LR / 32) + kt) * 2) * 512);
+    if (s0 == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
     }
-    for (int kt = 0; kt < RP / 32; kt++) {
-        _tile_loadd(4, kr + 32 * kt, RP * 2);
-        _tile_loadd(5, kr + (size_t)16 * RP + 32 * kt, RP * 2);
-        mla_scores_step(qt + ((size_t)(3 * (LR / 32) + kt) * 2) * 512);
+    for (int s = s0; s < s1; s++) {
+        if (s < LR / 32) {
+            const int kt = s;
+            /* line kt of each of the next block's rows: the whole block by
+             * the last kt */
+            if (pfc)
+                for (int r = 0; r < 32; r++)
+                    _mm_prefetch((const char *)(pfc + (size_t)r * LR + 32 * kt), MLA_PF_HINT);
+            if (pfk && kt < 4)
+                for (int r = 8 * kt; r < 8 * kt + 8; r++) {
+                    _mm_prefetch((const char *)(pfk + (size_t)r * RP), MLA_PF_HINT);
+                    _mm_prefetch((const char *)(pfk + (size_t)r * RP + 32), MLA_PF_HINT);
+                }
+            _tile_loadd(4, c + 32 * kt, LR * 2);
+            _tile_loadd(5, c + (size_t)16 * LR + 32 * kt, LR * 2);
+            for (int p = 0; p < 3; p++)
+                mla_scores_step(qt + ((size_t)(p * (LR / 32) + kt) * 2) * 512);
+        } else {
+            const int kt = s - LR / 32;
+            _tile_loadd(4, kr + 32 * kt, RP * 2);
+            _tile_loadd(5, kr + (size_t)16 * RP + 32 * kt, RP * 2);
+            mla_scores_step(qt + ((size_t)(3 * (LR / 32) + kt) * 2) * 512);
+        }
     }
-    _tile_stored(0, sc, 128);
-    _tile_stored(1, sc + 16, 128);
-    _tile_stored(2, sc + 16 * 32, 128);
-    _tile_stored(3, sc + 16 * 32 + 16, 128);
+    if (s1 == CPU_AMX_SC_STEPS) {
+        _tile_stored(0, sc, 128);
+        _tile_stored(1, sc + 16, 128);
+        _tile_stored(2, sc + 16 * 32, 128);
+        _tile_stored(3, sc + 16 * 32 + 16, 128);
+    }
 }
 
 /* Tile 0: C (16 heads x 16 latent dimensions of acc, loaded and stored
  * back), 1: B (16 token pairs x 16 dimensions), 2-4, 5-7: A (16 heads x
  * 32 tokens of p, three parts) of the first and the second block.  One
  * head half at a time, as its six A tiles fill the rest. */
-void cpu_amx_mla_values(const uint16_t *pt, const uint16_t *vt, int subs, float *acc)
+void cpu_amx_mla_values_steps(const uint16_t *pt, const uint16_t *vt, int subs, float *acc,
+                              int k0, int k1)
 {
     const int LR = HD_MLA_KV_LORA;
-    for (int hh = 0; hh < 2; hh++) {
-        const uint16_t *ph = pt + (size_t)hh * 6 * 512;
+    for (int k = k0; k < k1; k++) {
+        const int hh = k / (LR / 16), kt = k % (LR / 16);
         float *a = acc + (size_t)hh * 16 * LR;
-        _tile_loadd(2, ph, 64);
-        _tile_loadd(3, ph + 512, 64);
-        _tile_loadd(4, ph + 1024, 64);
-        if (subs > 1) {
-            _tile_loadd(5, ph + 1536, 64);
-            _tile_loadd(6, ph + 2048, 64);
-            _tile_loadd(7, ph + 2560, 64);
-        }
-        for (int kt = 0; kt < LR / 16; kt++) {
-            _tile_loadd(0, a + 16 * kt, LR * 4);
-            _tile_loadd(1, vt + 32 * kt, LR * 4);
-            _tile_dpbf16ps(0, 2, 1);
-            _tile_dpbf16ps(0, 3, 1);
-            _tile_dpbf16ps(0, 4, 1);
+        if (kt == 0) {  /* the head half's p, kept through its 32 steps */
+            const uint16_t *ph = pt + (size_t)hh * 6 * 512;
+            _tile_loadd(2, ph, 64);
+            _tile_loadd(3, ph + 512, 64);
+            _tile_loadd(4, ph + 1024, 64);
             if (subs > 1) {
-                _tile_loadd(1, vt + (size_t)16 * 2 * LR + 32 * kt, LR * 4);
-                _tile_dpbf16ps(0, 5, 1);
-                _tile_dpbf16ps(0, 6, 1);
-                _tile_dpbf16ps(0, 7, 1);
+                _tile_loadd(5, ph + 1536, 64);
+                _tile_loadd(6, ph + 2048, 64);
+                _tile_loadd(7, ph + 2560, 64);
             }
-            _tile_stored(0, a + 16 * kt, LR * 4);
         }
+        _tile_loadd(0, a + 16 * kt, LR * 4);
+        _tile_loadd(1, vt + 32 * kt, LR * 4);
+        _tile_dpbf16ps(0, 2, 1);
+        _tile_dpbf16ps(0, 3, 1);
+        _tile_dpbf16ps(0, 4, 1);
+        if (subs > 1) {
+            _tile_loadd(1, vt + (size_t)16 * 2 * LR + 32 * kt, LR * 4);
+            _tile_dpbf16ps(0, 5, 1);
+            _tile_dpbf16ps(0, 6, 1);
+            _tile_dpbf16ps(0, 7, 1);
+        }
+        _tile_stored(0, a + 16 * kt, LR * 4);
     }
 }

@@ -195,7 +195,8 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
  * The same partials as gen_mla_range (per head the running maximum m, the
  * sum l of exp(score - m) and acc = sum exp(score - m) c_kv), a chunk of
  * AM_T tokens at a time, with the two dot products on the tile unit
- * (cpu_amx_mla_scores, cpu_amx_mla_values): the scores as c_kv rows (A
+ * (cpu_amx_mla_scores_steps, cpu_amx_mla_values_steps, called a step at
+ * a time among the vector work: amx_mla_range): the scores as c_kv rows (A
  * tiles straight from the cache) times the absorbed query (B tiles made
  * once a call), the values as p (A tiles) times the chunk's c_kv rows
  * interleaved by token pairs (B tiles).  The fp32 query and p go in as
@@ -216,7 +217,9 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
  * against 1.2 ms for gen_mla_range; in a step (E 256, context 4096, two
  * threads) the attention went from about 11 % of the samples to 5 %
  * (docs/PERFORMANCE.md).  The scores are bound by the tile unit: 200
- * TDPBF16PS and 136 tile loads a block of 32 tokens. */
+ * TDPBF16PS and 136 tile loads a block of 32 tokens.  With the vector
+ * work overlapped (amx_mla_range's pipeline), about 7 % less time hot
+ * (eighteenth session). */
 #define AM_T 64                         /* tokens a chunk: two blocks */
 #define AM_MIN 64                       /* fewer tokens: gen_mla_range */
 #define AM_LR HD_MLA_KV_LORA
@@ -225,10 +228,12 @@ const cpu_kernels cpu_kernels_avx512bf16 = {
 /* the work memory, in words from a 64-byte boundary */
 #define AM_QT_W ((size_t)CPU_AMX_QT * 512)              /* query B tiles */
 #define AM_PT_W ((size_t)12 * 512)                      /* p's A tiles */
-#define AM_VT_W ((size_t)2 * 16 * 2 * AM_LR)            /* values' B tiles */
+#define AM_VT_W ((size_t)2 * 16 * 2 * AM_LR)            /* values' B tiles, a chunk */
 #define AM_PAD_W ((size_t)32 * (AM_LR + AM_RP))         /* a partial block */
-#define AM_SC_F ((size_t)AM_T * AM_H + 16)             /* scores; exp's */
-#define AM_WORK_F ((AM_QT_W + AM_PT_W + AM_VT_W + AM_PAD_W) / 2 + AM_SC_F + 16)
+#define AM_SC_F ((size_t)AM_T * AM_H)                   /* scores, a chunk */
+/* two chunks' p and values' tiles (amx_mla_range's pipeline), the
+ * scores, the rescale factors, 16 floats for exp */
+#define AM_WORK_F ((AM_QT_W + 2 * AM_PT_W + 2 * AM_VT_W + AM_PAD_W) / 2 + AM_SC_F + AM_H + 16 + 16)
 _Static_assert(AM_H == 32 && AM_LR % 32 == 0 && AM_RP % 32 == 0,
                "the tile layouts of cpu_amx_mla_scores and _values");
 _Static_assert(AM_PT_W + AM_VT_W + AM_PAD_W >= (size_t)3 * AM_H * AM_LR,
@@ -346,24 +351,26 @@ static int am_query_tiles(const float *qlat, const float *qrope, uint16_t *qt, u
     return 1;
 }
 
-/* Rows [0, 32) of a block at c (AM_LR words apart) as the values' B tiles
- * at vt: row i holds tokens 2 i and 2 i + 1 interleaved, dimension by
- * dimension, the dimensions in vpunpck{l,h}wd's order: of each 32, the
- * first tile's 16 columns are dimensions 0-3, 8-11, 16-19, 24-27, the
- * second's the other 16 (am_unpermute puts acc back in order).  Two
- * one-cycle unpacks where vpermt2w took three uops each (a quarter of this
- * kernel's own time in a profile). */
-static void am_interleave(const uint16_t *c, uint16_t *vt)
+/* The values' B tiles of a chunk at vt, units [u0, u1) of its blocks *
+ * 256: unit u makes, of block b = u / 256 (its rows at cb[b], AM_LR
+ * words apart), tile row i = (u / 16) % 16, which holds tokens 2 i and
+ * 2 i + 1 interleaved, dimension by dimension, for the 32 dimensions from
+ * 32 (u % 16), in vpunpck{l,h}wd's order: of each 32, the first tile's 16
+ * columns are dimensions 0-3, 8-11, 16-19, 24-27, the second's the other
+ * 16 (am_unpermute puts acc back in order).  Two one-cycle unpacks where
+ * vpermt2w took three uops each (a quarter of this kernel's own time in a
+ * profile). */
+#define AM_IL_UNITS 256
+static void am_interleave_units(const uint16_t *const *cb, uint16_t *vt, int u0, int u1)
 {
-    for (int i = 0; i < 16; i++) {
-        const uint16_t *r0 = c + (size_t)(2 * i) * AM_LR, *r1 = r0 + AM_LR;
-        uint16_t *dst = vt + (size_t)i * 2 * AM_LR;
-        for (int d = 0; d < AM_LR; d += 32) {
-            const __m512i x0 = _mm512_loadu_si512((const void *)(r0 + d));
-            const __m512i x1 = _mm512_loadu_si512((const void *)(r1 + d));
-            _mm512_store_si512(dst + 2 * d, _mm512_unpacklo_epi16(x0, x1));
-            _mm512_store_si512(dst + 2 * d + 32, _mm512_unpackhi_epi16(x0, x1));
-        }
+    for (int u = u0; u < u1; u++) {
+        const int b = u / AM_IL_UNITS, i = (u / 16) % 16, d = 32 * (u % 16);
+        const uint16_t *r0 = cb[b] + (size_t)(2 * i) * AM_LR + d, *r1 = r0 + AM_LR;
+        uint16_t *dst = vt + ((size_t)b * 16 + (size_t)i) * 2 * AM_LR + 2 * d;
+        const __m512i x0 = _mm512_loadu_si512((const void *)r0);
+        const __m512i x1 = _mm512_loadu_si512((const void *)r1);
+        _mm512_store_si512(dst, _mm512_unpacklo_epi16(x0, x1));
+        _mm512_store_si512(dst + 32, _mm512_unpackhi_epi16(x0, x1));
     }
 }
 
@@ -385,24 +392,112 @@ static void am_unpermute(float *acc)
         }
 }
 
-static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t0, size_t t1,
-                          const float *qlat, const float *qrope, float *m, float *l, float *acc,
-                          float *work)
+/* A chunk of up to AM_T tokens: its tokens, blocks of 32, and in[j], the
+ * lanes of vector j (16 tokens) inside its n. */
+typedef struct am_chunk {
+    int n, blocks;
+    __mmask16 in[AM_T / 16];
+} am_chunk;
+
+/* The softmax of heads [h0, h1) of chunk ck, its scores at sc ([token]
+ * [head] rows): each head's scores gathered, its maximum, exp, the sum,
+ * and p's A tile rows in pt; fr[h], the factor by which what was summed
+ * before (l[h], rescaled here, and acc's row, by am_rescale) goes to the
+ * new maximum, 1 where the maximum stays. */
+static void am_softmax_heads(const am_chunk *ck, const float *sc, int h0, int h1, float *m,
+                             float *l, float *fr, uint16_t *pt, float *etmp)
 {
     const float score_scale = 0.07216878364870322f; /* 192^-0.5 */
-    uint16_t *qt = (uint16_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    uint16_t *pt = qt + AM_QT_W, *vt = pt + AM_PT_W, *pad = vt + AM_VT_W;
-    float *sc = (float *)(pad + AM_PAD_W), *etmp = sc + AM_T * AM_H;
     /* the gather of a head's scores from the [token][head] rows */
     const __m512i rows = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(AM_H));
     const __m512 scale = _mm512_set1_ps(score_scale);
+    const int nv = 2 * ck->blocks;      /* vectors of 16 tokens */
+    for (int h = h0; h < h1; h++) {
+        __m512 v[AM_T / 16], mv = _mm512_set1_ps(m[h]);
+        for (int j = 0; j < nv; j++) {
+            v[j] = _mm512_mul_ps(_mm512_i32gather_ps(rows, sc + (size_t)16 * j * AM_H + h, 4),
+                                 scale);
+            /* max_ps gives its second operand where either is NaN, so
+             * a NaN never becomes the maximum */
+            mv = _mm512_mask_max_ps(mv, ck->in[j], v[j], mv);
+        }
+        const float mx = _mm512_reduce_max_ps(mv);
+        fr[h] = 1.0f;
+        if (mx > m[h]) { /* what was summed so far, rescaled (by am_rescale) */
+            const float f = expf(m[h] - mx);
+            l[h] *= f;
+            fr[h] = f;
+            m[h] = mx;
+        }
+        for (int j = 0; j < nv; j++)
+            v[j] = am_exp16(_mm512_sub_ps(v[j], _mm512_set1_ps(mx)), etmp);
+        __m512d ls = _mm512_setzero_pd();
+        for (int j = 0; j < nv; j++) {
+            v[j] = _mm512_maskz_mov_ps(ck->in[j], v[j]);
+            ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm512_castps512_ps256(v[j])));
+            ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v[j]), 1))));
+        }
+        l[h] += (float)_mm512_reduce_add_pd(ls);
+        /* p's A tiles: row h % 16 of tiles (h / 16, block, part) */
+        for (int b = 0; b < ck->blocks; b++) {
+            uint16_t *dst = pt + ((size_t)(h / 16) * 6 + 3 * b) * 512 + 32 * (h % 16);
+            __m512i h0w, m0, l0, h1w, m1, l1;
+            (void)am_split16(v[2 * b], &h0w, &m0, &l0);
+            (void)am_split16(v[2 * b + 1], &h1w, &m1, &l1);
+            am_store_words(dst, h0w, h1w);
+            am_store_words(dst + 512, m0, m1);
+            am_store_words(dst + 1024, l0, l1);
+        }
+    }
+}
 
+/* acc's rows by the factors fr of am_softmax_heads (1: left alone). */
+static void am_rescale(float *acc, const float *fr)
+{
+    for (int h = 0; h < AM_H; h++) {
+        float *ah = acc + h * AM_LR;
+        if (fr[h] == 1.0f)
+            continue;
+        for (int d = 0; d < AM_LR; d += 16)
+            _mm512_storeu_ps(ah + d, _mm512_mul_ps(_mm512_loadu_ps(ah + d), _mm512_set1_ps(fr[h])));
+    }
+}
+
+/* The chunks as a pipeline, so that the tile unit and the vector units
+ * work at once: while the tile unit makes chunk i's scores, the vector
+ * units interleave chunk i's rows into its values' B tiles (the rows
+ * just read, from L1); while the tile unit adds chunk i - 1's values into
+ * acc, they do chunk i's softmax, which leaves the rescale of acc (a head
+ * whose maximum grew) to after those values.  Two chunks' B tiles and p
+ * tiles are kept (vt and pt, by chunk parity).  Every head's maximum,
+ * rescale, sum and values are taken in the order of the chunks, as one
+ * stage after another took them: the same bits.  (One stage after
+ * another, the vector work was about a third of the attention's time
+ * with the tile unit idle: docs/PERFORMANCE.md, eighteenth session.) */
+static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t0, size_t t1,
+                          const float *qlat, const float *qrope, float *m, float *l, float *acc,
+                          float *work)
+{
+    uint16_t *qt = (uint16_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    uint16_t *pt[2], *vt[2], *pad;
+    float *sc, *fr, *etmp;
+    am_chunk prev;
+    int have = 0, cur = 0;
+
+    pt[0] = qt + AM_QT_W;
+    vt[0] = pt[0] + AM_PT_W;
+    vt[1] = vt[0] + AM_VT_W;
+    pad = vt[1] + AM_VT_W;
+    pt[1] = pad + AM_PAD_W;
+    sc = (float *)(pt[1] + AM_PT_W);
+    fr = sc + AM_SC_F;
+    etmp = fr + AM_H;
     /* a short range: the query's tiles (about 20 us) would cost more than
      * the tile unit saves (`hd-bench --mla --threads 1`: 19.7 against 3.9 us
      * for one token, 31.7 against 34.7 for 64) */
-    if (t1 - t0 < AM_MIN || !am_query_tiles(qlat, qrope, qt, pt)) {
+    if (t1 - t0 < AM_MIN || !am_query_tiles(qlat, qrope, qt, pt[0])) {
         gen_mla_range(c_kv, k_rope, t0, t1, qlat, qrope, m, l, acc, work);
         return;
     }
@@ -411,13 +506,20 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
         l[h] = 0.0f;
     }
     memset(acc, 0, (size_t)AM_H * AM_LR * sizeof(float));
+    memset(&prev, 0, sizeof prev);
     cpu_amx_mla_begin();
     for (size_t t = t0; t < t1; t += AM_T) {
-        const int n = t1 - t < AM_T ? (int)(t1 - t) : AM_T;
-        const int blocks = (n + 31) / 32;
-        for (int b = 0; b < blocks; b++) {
+        am_chunk ck;
+        const uint16_t *cb[AM_T / 32];
+        ck.n = t1 - t < AM_T ? (int)(t1 - t) : AM_T;
+        ck.blocks = (ck.n + 31) / 32;
+        for (int j = 0; j < 2 * ck.blocks; j++)
+            ck.in[j] = ck.n - 16 * j >= 16 ? 0xffff
+                       : ck.n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (ck.n - 16 * j)) - 1);
+        /* stage 1: this chunk's scores; its values' B tiles */
+        for (int b = 0; b < ck.blocks; b++) {
             const size_t r0 = t + 32 * (size_t)b;
-            const int nb = n - 32 * b < 32 ? n - 32 * b : 32;
+            const int nb = ck.n - 32 * b < 32 ? ck.n - 32 * b : 32;
             const uint16_t *c = c_kv + r0 * AM_LR, *kr = k_rope + r0 * AM_RP;
             const uint16_t *pfc = NULL, *pfk = NULL;
             if (nb < 32) { /* the block's rows, then zeros */
@@ -431,57 +533,28 @@ static void amx_mla_range(const uint16_t *c_kv, const uint16_t *k_rope, size_t t
                 pfc = c + 32 * AM_LR;
                 pfk = kr + 32 * AM_RP;
             }
-            cpu_amx_mla_scores(c, kr, qt, sc + (size_t)b * 32 * AM_H, pfc, pfk);
-            am_interleave(c, vt + (size_t)b * 16 * 2 * AM_LR);
-        }
-        /* head by head, its scores (a gather from the [token][head]
-         * rows), maximum, rescale, exp, sum and p's A tile rows; in[j]:
-         * the lanes of vector j (16 tokens) inside the chunk's n */
-        const int nv = 2 * blocks;      /* vectors of 16 tokens */
-        __mmask16 in[AM_T / 16];
-        for (int j = 0; j < nv; j++)
-            in[j] = n - 16 * j >= 16 ? 0xffff
-                    : n - 16 * j <= 0 ? 0 : (__mmask16)((1u << (n - 16 * j)) - 1);
-        for (int h = 0; h < AM_H; h++) {
-            __m512 v[AM_T / 16], mv = _mm512_set1_ps(m[h]);
-            for (int j = 0; j < nv; j++) {
-                v[j] = _mm512_mul_ps(_mm512_i32gather_ps(rows, sc + (size_t)16 * j * AM_H + h, 4),
-                                     scale);
-                /* max_ps gives its second operand where either is NaN, so
-                 * a NaN never becomes the maximum */
-                mv = _mm512_mask_max_ps(mv, in[j], v[j], mv);
-            }
-            const float mx = _mm512_reduce_max_ps(mv);
-            if (mx > m[h]) { /* rescale what was summed so far */
-                const float f = expf(m[h] - mx);
-                float *ah = acc + h * AM_LR;
-                l[h] *= f;
-                for (int d = 0; d < AM_LR; d += 16)
-                    _mm512_storeu_ps(ah + d, _mm512_mul_ps(_mm512_loadu_ps(ah + d), _mm512_set1_ps(f)));
-                m[h] = mx;
-            }
-            for (int j = 0; j < nv; j++)
-                v[j] = am_exp16(_mm512_sub_ps(v[j], _mm512_set1_ps(mx)), etmp);
-            __m512d ls = _mm512_setzero_pd();
-            for (int j = 0; j < nv; j++) {
-                v[j] = _mm512_maskz_mov_ps(in[j], v[j]);
-                ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm512_castps512_ps256(v[j])));
-                ls = _mm512_add_pd(ls, _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v[j]), 1))));
-            }
-            l[h] += (float)_mm512_reduce_add_pd(ls);
-            /* p's A tiles: row h % 16 of tiles (h / 16, block, part) */
-            for (int b = 0; b < blocks; b++) {
-                uint16_t *dst = pt + ((size_t)(h / 16) * 6 + 3 * b) * 512 + 32 * (h % 16);
-                __m512i h0, m0, l0, h1, m1, l1;
-                (void)am_split16(v[2 * b], &h0, &m0, &l0);
-                (void)am_split16(v[2 * b + 1], &h1, &m1, &l1);
-                am_store_words(dst, h0, h1);
-                am_store_words(dst + 512, m0, m1);
-                am_store_words(dst + 1024, l0, l1);
+            cb[b] = c;
+            for (int s = 0; s < CPU_AMX_SC_STEPS; s++) {
+                cpu_amx_mla_scores_steps(c, kr, qt, sc + (size_t)b * 32 * AM_H, pfc, pfk, s,
+                                         s + 1);
+                am_interleave_units(cb, vt[cur], b * AM_IL_UNITS + AM_IL_UNITS * s / CPU_AMX_SC_STEPS,
+                                    b * AM_IL_UNITS + AM_IL_UNITS * (s + 1) / CPU_AMX_SC_STEPS);
             }
         }
-        cpu_amx_mla_values(pt, vt, blocks, acc);
+        /* stage 2: the values of the chunk before; this chunk's softmax */
+        for (int k = 0; k < CPU_AMX_VAL_STEPS; k++) {
+            if (have)
+                cpu_amx_mla_values_steps(pt[cur ^ 1], vt[cur ^ 1], prev.blocks, acc, k, k + 1);
+            am_softmax_heads(&ck, sc, AM_H * k / CPU_AMX_VAL_STEPS,
+                             AM_H * (k + 1) / CPU_AMX_VAL_STEPS, m, l, fr, pt[cur], etmp);
+        }
+        am_rescale(acc, fr);
+        prev = ck;
+        have = 1;
+        cur ^= 1;
     }
+    /* the last chunk's values */
+    cpu_amx_mla_values_steps(pt[cur ^ 1], vt[cur ^ 1], prev.blocks, acc, 0, CPU_AMX_VAL_STEPS);
     cpu_amx_mla_end();
     am_unpermute(acc);
 }
