@@ -351,12 +351,19 @@ static uint32_t lcg(uint32_t *r)
 }
 
 /* y = W x in double, W the exact weights bf((q - z) * s) of the raw
- * matrix (SEMANTICS.md); also sum |w x| per column. */
+ * matrix (SEMANTICS.md); tol, each column's allowed error: 1e-5 of its
+ * sum of |w x| (fp32 accumulation of exact products; any lost bf16
+ * rounding or rounded x would be ~1e-3, a subnormal weight flushed to
+ * zero ~1 in the tiny columns), plus FLT_MIN for each product below
+ * FLT_MIN in magnitude: vdpbf16ps and the tile unit flush such a product
+ * to zero whatever MXCSR says (cpu_kern_avx512bf16.c, cpu_kern_amx.c), an
+ * error below FLT_MIN each, seen only in the columns of tiny scales. */
 static void gemv_exact(const uint8_t *w_q, const uint16_t *sc, const uint16_t *ze,
-                       int K, int N, const float *x, double *y, double *mag)
+                       int K, int N, const float *x, double *y, double *tol)
 {
     for (int n = 0; n < N; n++) {
         double a = 0, m = 0;
+        int tiny = 0;
         for (int k = 0; k < K; k++) {
             uint8_t b = w_q[(size_t)(k / 2) * N + n];
             int q = (k & 1) ? b >> 4 : b & 15;
@@ -365,25 +372,26 @@ static void gemv_exact(const uint8_t *w_q, const uint16_t *sc, const uint16_t *z
             double p = (double)hd_bf(((float)q - z) * s) * x[k];
             a += p;
             m += fabs(p);
+            tiny += p != 0.0 && fabs(p) < FLT_MIN;
         }
         y[n] = a;
-        mag[n] = m;
+        tol[n] = 1e-5 * m + (double)tiny * FLT_MIN;
     }
 }
 
-/* Every output within 1e-5 of its sum of |w x| (fp32 accumulation of
- * exact products; any lost bf16 rounding or rounded x would be ~1e-3, a
- * subnormal weight flushed to zero would be ~1 in the tiny columns). */
-static void check_close(const float *y, const double *ref, const double *mag,
+/* Every output within its allowed error (gemv_exact). */
+static void check_close(const float *y, const double *ref, const double *tol,
                         int N, const char *what)
 {
     for (int n = 0; n < N; n++)
-        ck_assert_msg(fabs((double)y[n] - ref[n]) <= 1e-5 * mag[n],
-                      "%s: column %d: %.9g vs %.9g (sum |w x| %.3g)", what, n,
-                      (double)y[n], ref[n], mag[n]);
+        ck_assert_msg(fabs((double)y[n] - ref[n]) <= tol[n],
+                      "%s: column %d: %.9g vs %.9g (allowed %.3g)", what, n,
+                      (double)y[n], ref[n], tol[n]);
 }
 
-/* Random int4 weights, K x N: bytes; scales 2^-12 .. 2^-4 and zero points
+/* Random int4 weights, K x N: bytes (lcg's bits 16-23: its low byte
+ * repeats every 2^16 draws, so that with N = 8192 every eighth row of w_q
+ * would repeat); scales 2^-12 .. 2^-4 and zero points
  * 0 .. 15.5 (ties in bf rounding).  With `subnormal`, every third column's
  * scales are 2^-126 .. 2^-124 (subnormal weights), with `z_nonzero` also
  * its zero points not 0. */
@@ -391,7 +399,7 @@ static void rand_qweights(uint32_t *r, int K, int N, int subnormal, int z_nonzer
                           uint8_t *w_q, uint16_t *sc, uint16_t *ze)
 {
     for (size_t i = 0; i < (size_t)K / 2 * N; i++)
-        w_q[i] = (uint8_t)lcg(r);
+        w_q[i] = (uint8_t)(lcg(r) >> 16);
     for (size_t i = 0; i < (size_t)K / 128 * N; i++) {
         sc[i] = (uint16_t)(((127 - 12 + (int)(lcg(r) % 9)) << 7) | (lcg(r) & 127));
         ze[i] = hd_f32_to_bf16(0.5f * (float)(lcg(r) % 32));
@@ -481,13 +489,11 @@ START_TEST(test_absorb)
     uint16_t *wk_sz = tu_xmalloc(HD_MLA_HEADS * CPU_WK_HEAD_SZ * 2);
     float qn[HD_MLA_QK_NOPE], ql[HD_MLA_KV_LORA], want[HD_MLA_KV_LORA];
 
+    /* (the bytes from lcg's bits 16-23: from its low byte, which repeats
+     * every 2^16 draws, every eighth row of w_q would repeat with N =
+     * 8192, and an input misplaced by 16 or 64 could pick an equal weight;
+     * such a mutation passed) */
     rand_qweights(&r, K, N, 0, 0, w_q, sc, ze);
-    /* the bytes again from lcg's top byte: its low byte (rand_qweights')
-     * repeats every 2^16 draws, so with N = 8192 every eighth row of w_q
-     * would repeat and an input misplaced by 16 or 64 could pick an equal
-     * weight (such a mutation passed) */
-    for (size_t i = 0; i < (size_t)K / 2 * N; i++)
-        w_q[i] = (uint8_t)(lcg(&r) >> 16);
     for (int n = 0; n < HD_MLA_QK_NOPE; n++)
         qn[n] = rand_bf16(&r, -4, 2);
     qn[5] = -0.0f;
@@ -702,11 +708,11 @@ END_TEST
  * ones). */
 static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P,
                                const cpu_xq *xq, float *y, const double *ref,
-                               const double *mag, int N, const char *what)
+                               const double *tol, int N, const char *what)
 {
     memset(y, 0, (size_t)N * 4);
     cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, m->normal, xq, y);
-    check_close(y, ref, mag, N, what);
+    check_close(y, ref, tol, N, what);
     if (m->normal && !kern->gemv_pairs_x3) {
         float *yc = tu_xmalloc((size_t)N * 4);
         cpu_gemv_pairs(kern, m->tiles, 0, P, m->groups, 0, xq, yc);
@@ -717,7 +723,7 @@ static void check_pairs_ranges(const cpu_kernels *kern, const cpu_qmat *m, int P
         memset(y, 0, (size_t)N * 4);
         cpu_gemv_pairs(kern, m->tiles, 1, P - 1, m->groups, m->normal, xq, y);
         ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[N - 1] == 0.0f);
-        check_close(y + 2, ref + 2, mag + 2, N - 4, what);
+        check_close(y + 2, ref + 2, tol + 2, N - 4, what);
     }
 }
 
@@ -759,7 +765,7 @@ START_TEST(test_bf16_gemv)
         uint16_t *ze = tu_xmalloc((size_t)K / 128 * N * 2);
         float *x = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
-        double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
+        double *ref = tu_xmalloc((size_t)N * 8), *tol = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2), NULL, NULL, K, 0, 0, 0, 0 };
         cpu_qmat m;
         char what[96];
@@ -776,13 +782,13 @@ START_TEST(test_bf16_gemv)
         ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
         /* bf16-exact: the bf16 words, all pairs and an odd range */
-        gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
+        gemv_exact(w_q, sc, ze, K, N, x, ref, tol);
         cpu_prepare_x(x, K, &xq);
         ck_assert_int_eq(xq.bf16, 1);
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
         snprintf(what, sizeof what, "bf16 x, K %d N %d", K, N);
-        check_pairs_ranges(kb, &m, P, &xq, y, ref, mag, N, what);
+        check_pairs_ranges(kb, &m, P, &xq, y, ref, tol, N, what);
 
         /* not bf16 (one fp32 ulp on one x; then a subnormal): the fp32
          * kernel on the xd floats (xq has no xe), the same bits as on the
@@ -795,7 +801,7 @@ START_TEST(test_bf16_gemv)
                 xv[K / 3] = nextafterf(xv[K / 3] == 0.0f ? 1.0f : xv[K / 3], INFINITY);
             else
                 xv[K - 1] = hd_bf16_to_f32(0x0005);   /* bf16 subnormal */
-            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.bf16, 0);
             ck_assert_int_eq(xq.f32, 0);
@@ -812,7 +818,7 @@ START_TEST(test_bf16_gemv)
             free(xe.xd);
             free(xe.xe);
             snprintf(what, sizeof what, "non-bf16 x (%d), K %d N %d", v, K, N);
-            check_close(y, ref, mag, N, what);
+            check_close(y, ref, tol, N, what);
             free(xv);
         }
 
@@ -833,7 +839,7 @@ START_TEST(test_bf16_gemv)
         free(y);
         free(y5);
         free(ref);
-        free(mag);
+        free(tol);
         free(xq.xd);
         free(xq.xb);
     }
@@ -878,7 +884,7 @@ START_TEST(test_f32_gemv)
         uint16_t *ze = tu_xmalloc((size_t)K / 128 * N * 2);
         float *x = tu_xmalloc((size_t)K * 4), *xv = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4), *y5 = tu_xmalloc((size_t)N * 4);
-        double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
+        double *ref = tu_xmalloc((size_t)N * 8), *tol = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
                       tu_xmalloc((size_t)K * 4), NULL, K, 0, 0, 0, 0 };
         cpu_qmat m;
@@ -900,21 +906,21 @@ START_TEST(test_f32_gemv)
         ck_assert_int_eq(m.normal, sh != n_shapes - 1);
 
         /* fp32 x: the xe floats */
-        gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
+        gemv_exact(w_q, sc, ze, K, N, x, ref, tol);
         cpu_prepare_x(x, K, &xq);
         ck_assert_int_eq(xq.bf16, 0);
         ck_assert_int_eq(xq.f32, 1);
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
         snprintf(what, sizeof what, "fp32 x, K %d N %d", K, N);
-        check_pairs_ranges(kx, &m, P, &xq, y, ref, mag, N, what);
+        check_pairs_ranges(kx, &m, P, &xq, y, ref, tol, N, what);
 
         /* one nonzero x: w x rounded once (an FMA onto zeros) */
         for (size_t i = 0; i < sizeof one_at / sizeof one_at[0] && one_at[i] < K; i++) {
             const int k1 = one_at[i];
             memset(xv, 0, (size_t)K * 4);
             xv[k1] = 1.0f + 0x1p-10f + 0x1p-20f;
-            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.f32, 1);
             cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
@@ -927,7 +933,7 @@ START_TEST(test_f32_gemv)
         for (int v = 0; v < 2; v++) {
             memcpy(xv, x, (size_t)K * 4);
             xv[K / 3] = v ? NAN : -INFINITY;
-            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.f32, 1);
             cpu_gemv_pairs(kx, m.tiles, 0, P, m.groups, m.normal, &xq, y);
@@ -969,7 +975,7 @@ START_TEST(test_f32_gemv)
         free(y);
         free(y5);
         free(ref);
-        free(mag);
+        free(tol);
         free(xq.xd);
         free(xq.xb);
         free(xq.xe);
@@ -1035,7 +1041,7 @@ START_TEST(test_amx_gemv)
         uint16_t *ze = tu_xmalloc((size_t)K / 128 * N * 2);
         float *x = tu_xmalloc((size_t)K * 4), *xv = tu_xmalloc((size_t)K * 4);
         float *y = tu_xmalloc((size_t)N * 4);
-        double *ref = tu_xmalloc((size_t)N * 8), *mag = tu_xmalloc((size_t)N * 8);
+        double *ref = tu_xmalloc((size_t)N * 8), *tol = tu_xmalloc((size_t)N * 8);
         cpu_xq xq = { tu_xmalloc((size_t)K * 8), tu_xmalloc((size_t)K * 2),
                       tu_xmalloc((size_t)K * 4), tu_xmalloc((size_t)K * 6), K, 0, 0, 0, 0 };
         cpu_qmat m;
@@ -1053,7 +1059,7 @@ START_TEST(test_amx_gemv)
         ck_assert_int_eq(m.normal, !sub);
 
         /* fp32 x: three parts that sum to x, the xd floats poisoned */
-        gemv_exact(w_q, sc, ze, K, N, x, ref, mag);
+        gemv_exact(w_q, sc, ze, K, N, x, ref, tol);
         cpu_prepare_x(x, K, &xq);
         ck_assert_int_eq(xq.bf16, 0);
         ck_assert_int_eq(xq.f32, 1);
@@ -1067,13 +1073,13 @@ START_TEST(test_amx_gemv)
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
         snprintf(what, sizeof what, "amx, fp32 x, K %d N %d", K, N);
-        check_pairs_ranges(ka, &m, P, &xq, y, ref, mag, N, what);
+        check_pairs_ranges(ka, &m, P, &xq, y, ref, tol, N, what);
 
         /* bf16 x: its words */
         for (int k = 0; k < K; k++)
             xv[k] = hd_bf(x[k]);
         xv[3] = 0.0f;
-        gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+        gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
         cpu_prepare_x(xv, K, &xq);
         ck_assert_int_eq(xq.bf16, 1);
         ck_assert_int_eq(xq.x1, 1);
@@ -1083,7 +1089,7 @@ START_TEST(test_amx_gemv)
         for (int i = 0; i < 2 * K; i++)
             xq.xd[i] = NAN;
         snprintf(what, sizeof what, "amx, bf16 x, K %d N %d", K, N);
-        check_pairs_ranges(ka, &m, P, &xq, y, ref, mag, N, what);
+        check_pairs_ranges(ka, &m, P, &xq, y, ref, tol, N, what);
 
         /* one nonzero x, bf16 (exact) and in three parts (within an ulp) */
         for (size_t i = 0; i < sizeof one_at / sizeof one_at[0] && one_at[i] < K; i++)
@@ -1091,7 +1097,7 @@ START_TEST(test_amx_gemv)
                 const int k1 = one_at[i];
                 memset(xv, 0, (size_t)K * 4);
                 xv[k1] = v ? 1.0f + 0x1p-10f + 0x1p-20f : 1.0f + 0x1p-3f + 0x1p-7f;
-                gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+                gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
                 cpu_prepare_x(xv, K, &xq);
                 ck_assert_int_eq(xq.bf16, !v);
                 ck_assert_int_eq(xq.x3, v);
@@ -1118,7 +1124,7 @@ START_TEST(test_amx_gemv)
                       : 0x1p-120f + 0x1p-140f;      /* v 3: the third part rounds away */
             if (v == 4)
                 memcpy(&xv[K / 3], &nan_bits, 4);
-            gemv_exact(w_q, sc, ze, K, N, xv, ref, mag);
+            gemv_exact(w_q, sc, ze, K, N, xv, ref, tol);
             cpu_prepare_x(xv, K, &xq);
             ck_assert_int_eq(xq.f32, 1);
             ck_assert_msg(xq.x3 == 0, "x case %d, K %d: three parts taken", v, K);
@@ -1130,7 +1136,7 @@ START_TEST(test_amx_gemv)
                                   v ? "NaN" : "-inf", K, N, n, (double)y[n], ref[n]);
             } else {
                 snprintf(what, sizeof what, "amx, tiny x (%d), K %d N %d", v, K, N);
-                check_close(y, ref, mag, N, what);
+                check_close(y, ref, tol, N, what);
             }
         }
 
@@ -1143,7 +1149,7 @@ START_TEST(test_amx_gemv)
         free(xv);
         free(y);
         free(ref);
-        free(mag);
+        free(tol);
         free(xq.xd);
         free(xq.xb);
         free(xq.xe);
