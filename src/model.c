@@ -89,17 +89,21 @@ static void release_range(hd_model *m, const void *p, size_t bytes)
     }
 }
 
-/* Synthetic tensor i made (again) from the seed where it is not resident. */
+/* Synthetic tensor i's values from the seed, into its bytes (inside
+ * m->owned, which the model allocated writable). */
+static void fill_tensor(hd_model *m, size_t i)
+{
+    const size_t off = (size_t)((const unsigned char *)m->tensors[i].data -
+                                (const unsigned char *)m->owned);
+    hd_synth_fill(m->synth_seed, &m->synth_specs[i], (unsigned char *)m->owned + off);
+    m->tensors[i].released = 0;
+}
+
+/* Synthetic tensor i made (again) where it is not resident. */
 static void acquire_tensor(hd_model *m, size_t i)
 {
-    hd_tensor *t = &m->tensors[i];
-    if (!t->released)
-        return;
-    /* inside m->owned, which the model allocated writable */
-    hd_synth_fill(m->synth_seed, &m->synth_specs[i],
-                  (unsigned char *)m->owned + ((const unsigned char *)t->data -
-                                               (const unsigned char *)m->owned));
-    t->released = 0;
+    if (m->tensors[i].released)
+        fill_tensor(m, i);
 }
 
 /* The three tensors of w (every member): their starts and sizes. */
@@ -388,9 +392,7 @@ hd_status hd_model_synth(uint32_t seed, int experts, const char *pattern,
         layer_synth_tensors(m, l, defer_tensor);
     for (i = 0; i < m->n_tensors; i++)
         if (!m->tensors[i].released) /* the norms, the router, ...: made now */
-            hd_synth_fill(seed, &m->synth_specs[i], (unsigned char *)m->owned +
-                          ((const unsigned char *)m->tensors[i].data -
-                           (const unsigned char *)m->owned));
+            fill_tensor(m, i);
     st = model_start_backend(m, options, err, err_size);
 out:
     free(specs);
