@@ -197,14 +197,16 @@ START_TEST(test_vs_ref) { vs_ref(&VS[_i], 7 + (uint32_t)_i); }
 END_TEST
 
 /* The module's other code paths, chosen by environment variables read when
- * a model is loaded: the tensor-core attention also where the splits are
- * short (one partial block of 64 tokens, or a single token), the CUDA-core
- * one also where they are long, the GEMV ring primed before the grid
- * barriers, grid barriers in place of the flags, the step's input and
- * output through copies (not the launch's parameters and mapped memory),
- * a GEMV ring of two slots and of as many as fit, and attention splits
- * of at least 32 tokens (the CUDA-core attention at context 1000 and
- * 4096). */
+ * a model is loaded: the tensor-core attention with one CTA a split (all
+ * 32 heads) also where the splits are short (one partial block of 64
+ * tokens, or a single token), the CUDA-core one also where they are long,
+ * the GEMV ring primed before the grid barriers, grid barriers in place of
+ * the flags, the step's input and output through copies (not the launch's
+ * parameters and mapped memory), a GEMV ring of two slots and of as many
+ * as fit, attention splits of at least 32 tokens (the 8-head groups with
+ * splits of one partial block at context 1000; the CUDA-core attention
+ * at 4096, where 129 splits leave no room for four CTAs each), and of at
+ * least 1024 tokens (the 8-head groups over 13 blocks a split). */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;
@@ -217,6 +219,7 @@ static const vs_env_case VS_ENV[] = {
     {"HD_CUDA_FLAGS", "0", {64, 97, 3}},     {"HD_CUDA_IO", "copy", {16, 5, 3}},
     {"HD_CUDA_SLOTS", "2", {64, 97, 2}},     {"HD_CUDA_SLOTS", "16", {64, 97, 2}},
     {"HD_CUDA_SPLIT_MIN", "32", {64, 1000, 2}}, {"HD_CUDA_SPLIT_MIN", "32", {16, 4096, 2}},
+    {"HD_CUDA_SPLIT_MIN", "1024", {64, 4096, 2}},
 };
 
 START_TEST(test_vs_ref_env)

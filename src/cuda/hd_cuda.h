@@ -54,6 +54,9 @@ struct StepParams {
     uint16_t *const *krope;   /* [capacity][64] bf16 */
     int pos;                  /* this token's position = rows in the cache */
     int nsplit, split_len;    /* attention splits over pos + 1 tokens */
+    int hsplit;               /* 4: each split's heads in four groups of 8,
+                               * one CTA each (mla_attend_tc8); 1: one CTA
+                               * a split */
     /* scratch */
     const uint16_t *hin; /* the step's input: device scratch, or nullptr
                           * when it travels in hin_v (below) */
@@ -75,8 +78,10 @@ struct StepParams {
                       * 0 at rest, set back to 0 in each router phase) */
     unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
-    int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores, 0: by
-                      * split length (HD_CUDA_ATTN=scalar|tc) */
+    int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores with
+                      * one CTA a split, 0: the 8-head groups where 4 CTAs
+                      * a split fit, else by split length
+                      * (HD_CUDA_ATTN=scalar|tc) */
     int prime;     /* bit i (PrimeWhat in mega.cu): phase i's weights stream
                     * into shared memory before the grid barrier ahead of
                     * it (HD_CUDA_PRIME, HD_CUDA_PRIME_MASK) */

@@ -113,7 +113,9 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             phase_mark(P.timers, mark);
             if (pf)
                 moe_router_prefetch(P, L);
-            if (P.attn_scalar > 0 || (P.attn_scalar == 0 && P.split_len <= 64))
+            if (P.hsplit == 4)
+                mla_attend_tc8(P, L, sm, tm);
+            else if (P.attn_scalar > 0 || (P.attn_scalar == 0 && P.split_len <= 64))
                 mla_attend(P, L, sm, tm);
             else
                 mla_attend_tc(P, L, sm, tm);

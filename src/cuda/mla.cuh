@@ -656,6 +656,260 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
     trace_mark(tr, 48);
 }
 
+/* Phase 3 on tensor cores with the heads in four groups of 8
+ * (P.hsplit == 4, chosen by the host when 4 x nsplit CTAs fit in the
+ * grid: every context up to 33 splits of 128 tokens).  CTA b takes split
+ * b / 4 and heads 8 (b % 4) .. 8 (b % 4) + 7, so that a context of 4096
+ * (33 splits) keeps 132 CTAs busy instead of 33, and each CTA loads a
+ * quarter of the query and stores a quarter of the partials.  The four
+ * CTAs of a split read the same cache rows (the three after the first
+ * from L2).  The same partials (layout and meaning) as mla_attend_tc,
+ * so the merge does not change:
+ *   scores: [64 tokens x 576] x [576 x 8 heads], warp w the 16 tokens
+ *           16 (w % 4) over a quarter of the 36 k-steps (w / 4), the three
+ *           parts in three accumulators; the four quarters added in
+ *           order by the softmax;
+ *   values: [512 dimensions x 64 tokens] x [64 tokens x 8 heads] (the
+ *           cache block transposed by ldmatrix), warp w dimensions 32 w
+ *           .. 32 w + 31 (two tiles), p in three parts.
+ * Smem map in bytes: cache block, query parts, score quarters, p parts,
+ * statistics. */
+#define T8_KC 0
+#define T8_QP (T8_KC + TC_TB * TC_ROW)
+#define T8_SC (T8_QP + 3 * 8 * TC_ROW)
+#define T8_PP (T8_SC + 4 * TC_TB * 8 * 4)
+#define T8_RED (T8_PP + 3 * 8 * TC_PROW)
+#define T8_AL (T8_RED + 2 * HDC_WARPS * 8 * 4)
+#define T8_END (T8_AL + 16 * 4)
+static_assert(T8_END <= GEMV_BAR_OFF, "8-head attention smem map");
+static_assert(HDC_WARPS == 16 && TC_TB == 64, "the 8-head attention's warp tiling");
+
+__device__ __forceinline__ void ldsm_x2(uint32_t a, uint32_t (&r)[2])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(a) : "memory");
+}
+
+/* This CTA's split and head group under P.hsplit == 4; false when its
+ * split is empty or past the last. */
+__device__ __forceinline__ bool attend_split8(const StepParams &P, int &s, int &hb, int &t0,
+                                              int &t1)
+{
+    s = blockIdx.x >> 2;
+    hb = 8 * (blockIdx.x & 3);
+    if (s >= P.nsplit)
+        return false;
+    t0 = s * P.split_len;
+    t1 = min(P.pos + 1, t0 + P.split_len);
+    return t0 < t1;
+}
+
+__device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev &L, float *sm,
+                                            unsigned long long *tr)
+{
+    int s, hb, t0, t1;
+    if (!attend_split8(P, s, hb, t0, t1))
+        return;
+    const float score_scale = 0.07216878364870322f;
+    const uint16_t *ckv = P.ckv[L.slot], *kr = P.krope[L.slot];
+    char *sb = reinterpret_cast<char *>(sm);
+    const uint32_t base = smem_addr(sm);
+    float *sc = reinterpret_cast<float *>(sb + T8_SC);     /* [4][64][8] */
+    float *redm = reinterpret_cast<float *>(sb + T8_RED), *redl = redm + HDC_WARPS * 8;
+    float *al = reinterpret_cast<float *>(sb + T8_AL), *mrun = al + 8;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+
+    /* the query's three parts of heads hb .. hb + 7, [part][head][576]:
+     * two 16-byte pieces of ql a thread, one of q's rope part on threads
+     * < 128, all in flight at once */
+    {
+        const float4 *ql4 = reinterpret_cast<const float4 *>(P.ql) + hb * 128;
+        float4 v[3] = {};
+        v[0] = __ldcg(ql4 + threadIdx.x);
+        v[1] = __ldcg(ql4 + threadIdx.x + HDC_THREADS);
+        if (threadIdx.x < 128)
+            v[2] = __ldcg(reinterpret_cast<const float4 *>(P.q + (hb + (threadIdx.x >> 4)) * 192 +
+                                                           128) +
+                          (threadIdx.x & 15));
+#pragma unroll
+        for (int u = 0; u < 3; u++) {
+            if (u == 2 && threadIdx.x >= 128)
+                break;
+            const int i = threadIdx.x + u * HDC_THREADS;
+            const int hh = u < 2 ? i >> 7 : threadIdx.x >> 4;
+            const int d = u < 2 ? (i & 127) * 4 : 512 + (threadIdx.x & 15) * 4;
+            const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            uint16_t *q = reinterpret_cast<uint16_t *>(sb + T8_QP + hh * TC_ROW) + d;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float hi = bfr(f[c]), mid = bfr(f[c] - hi), lo = bfr((f[c] - hi) - mid);
+                q[c] = f2bf(hi);
+                q[8 * TC_ROW / 2 + c] = f2bf(mid);
+                q[16 * TC_ROW / 2 + c] = f2bf(lo);
+            }
+        }
+    }
+    trace_mark(tr, 40);
+    if (threadIdx.x < 8)
+        mrun[threadIdx.x] = -INFINITY;
+    float l_run = 0.0f; /* threads < 8: head hb + tid */
+
+    /* values: this warp's two tiles of 16 dimensions (32 w + 16 m ..) */
+    float acc[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    /* scores: tokens 16 mt .., k-steps 9 kg .. 9 kg + 8 */
+    const int mt = w & 3, kg = w >> 2;
+    const uint32_t a_sc = base + T8_KC + (16 * mt + (lane & 15)) * TC_ROW + (lane >> 4) * 16;
+    const uint32_t b_sc = base + T8_QP + (lane & 7) * TC_ROW + ((lane >> 3) & 1) * 16;
+    /* values: A (dimensions x tokens) from the cache block by ldmatrix.trans:
+     * matrix j of lane i holds tokens (j / 2) 8 .., dimensions (j % 2) 8 ..;
+     * B (tokens x heads) from p [head][token]: matrix j tokens 16 (j / 2) +
+     * 8 (j % 2) .. of the pair of 16-token steps */
+    const int jm = lane >> 3, r8 = lane & 7;
+    const uint32_t a_pv = base + T8_KC + (r8 + (jm >> 1) * 8) * TC_ROW + (32 * w + (jm & 1) * 8) * 2;
+    const uint32_t b_pv = base + T8_PP + r8 * TC_PROW + ((jm >> 1) * 16 + (jm & 1) * 8) * 2;
+
+    for (int tb = t0; tb < t1; tb += TC_TB) {
+        const int nt = min(TC_TB, t1 - tb);
+        /* a. the block: 72 pieces of 16 bytes a token; rows past nt zero */
+        for (int i = threadIdx.x; i < TC_TB * 72; i += HDC_THREADS) {
+            const int t = i / 72, pc = i % 72;
+            const int tt = t < nt ? tb + t : tb;
+            const uint16_t *src = pc < 64 ? ckv + (size_t)tt * 512 + pc * 8
+                                          : kr + (size_t)tt * 64 + (pc - 64) * 8;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         : : "r"(base + T8_KC + t * TC_ROW + pc * 16), "l"(src),
+                           "r"(t < nt ? 16 : 0) : "memory");
+        }
+        if (tb == t0) {
+            trace_mark(tr, 41);
+            /* the split's later rows into L2 (once for the four CTAs) */
+            if (threadIdx.x == 0 && hb == 0)
+                attend_prefetch(ckv, kr, t0 + TC_TB, t1);
+        }
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" : : : "memory");
+        __syncthreads();
+        if (tb == t0)
+            trace_mark(tr, 25);
+        /* b. a quarter of the scores of 16 tokens x 8 heads */
+        {
+            float d[3][4];
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+                d[p][0] = d[p][1] = d[p][2] = d[p][3] = 0.0f;
+#pragma unroll 3
+            for (int ks = 9 * kg; ks < 9 * kg + 9; ks++) {
+                uint32_t a[4];
+                ldsm_x4(a_sc + ks * 32, a);
+#pragma unroll
+                for (int p = 0; p < 3; p++) {
+                    uint32_t b[2];
+                    ldsm_x2(b_sc + p * 8 * TC_ROW + ks * 32, b);
+                    mma_bf16(d[p], a[0], a[1], a[2], a[3], b[0], b[1]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int t = 16 * mt + g + (i >> 1) * 8, hh = 2 * tq + (i & 1);
+                sc[(kg * TC_TB + t) * 8 + hh] = (d[0][i] + d[1][i]) + d[2][i];
+            }
+        }
+        __syncthreads();
+        if (tb == t0)
+            trace_mark(tr, 42);
+        /* c. online softmax statistics: thread i takes token i / 8 of head
+         * i % 8 (warp w tokens 4 w .. 4 w + 3); p into its three bf16
+         * parts [part][head][t] */
+        {
+            const int hh = lane & 7, t = threadIdx.x >> 3;
+            float sv = -INFINITY;
+            if (t < nt)
+                sv = (((sc[t * 8 + hh] + sc[(TC_TB + t) * 8 + hh]) + sc[(2 * TC_TB + t) * 8 + hh]) +
+                      sc[(3 * TC_TB + t) * 8 + hh]) *
+                     score_scale;
+            float lm = fmaxf(sv, __shfl_xor_sync(0xffffffffu, sv, 8));
+            lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 16));
+            if (lane < 8)
+                redm[w * 8 + lane] = lm;
+            __syncthreads();
+            float mb = mrun[hh];
+#pragma unroll 4
+            for (int i = 0; i < HDC_WARPS; i++)
+                mb = fmaxf(mb, redm[i * 8 + hh]);
+            const float p = (mb == -INFINITY || sv == -INFINITY) ? 0.0f : expf(sv - mb);
+            const float hi = bfr(p), mid = bfr(p - hi), lo = bfr((p - hi) - mid);
+            uint16_t *pp = reinterpret_cast<uint16_t *>(sb + T8_PP + hh * TC_PROW) + t;
+            pp[0] = f2bf(hi);
+            pp[8 * TC_PROW / 2] = f2bf(mid);
+            pp[16 * TC_PROW / 2] = f2bf(lo);
+            float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
+            ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+            if (lane < 8)
+                redl[w * 8 + lane] = ps;
+            if (threadIdx.x < 8)
+                al[hh] = mrun[hh] == -INFINITY ? 0.0f : expf(mrun[hh] - mb);
+            __syncthreads();
+            if (threadIdx.x < 8) {
+                float sum = 0.0f;
+#pragma unroll 4
+                for (int i = 0; i < HDC_WARPS; i++)
+                    sum += redl[i * 8 + hh];
+                l_run = l_run * al[hh] + sum;
+                mrun[hh] = mb; /* read again only after the next block's barriers */
+            }
+        }
+        if (tb == t0)
+            trace_mark(tr, 43);
+        /* d. acc = acc * alpha + c^T p */
+        {
+            const float f0 = al[2 * tq], f1 = al[2 * tq + 1];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                acc[m][0] *= f0;
+                acc[m][1] *= f1;
+                acc[m][2] *= f0;
+                acc[m][3] *= f1;
+            }
+#pragma unroll
+            for (int k2 = 0; k2 < TC_TB / 32; k2++) {
+                uint32_t b[3][4];
+#pragma unroll
+                for (int p = 0; p < 3; p++)
+                    ldsm_x4(b_pv + p * 8 * TC_PROW + k2 * 64, b[p]);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const int kt = 2 * k2 + kk;
+#pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        uint32_t a[4];
+                        ldsm_x4_t(a_pv + kt * 16 * TC_ROW + m * 32, a);
+#pragma unroll
+                        for (int p = 0; p < 3; p++)
+                            mma_bf16(acc[m], a[0], a[1], a[2], a[3], b[p][2 * kk],
+                                     b[p][2 * kk + 1]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    trace_mark(tr, 26);
+    float *part = P.parts + ((size_t)s * 32 + hb) * HDC_PART;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            part[(2 * tq + (i & 1)) * HDC_PART + 32 * w + 16 * m + g + (i >> 1) * 8] = acc[m][i];
+    if (threadIdx.x < 8) {
+        part[threadIdx.x * HDC_PART + 512] = mrun[threadIdx.x];
+        part[threadIdx.x * HDC_PART + 513] = l_run;
+    }
+    trace_mark(tr, 48);
+}
+
 /* Phase 4: per head (32 tasks) merge the splits into lat_h, then
  * o_h = bf(W_v,h^T lat_h): 4 tiles of 32 columns of kv_b, K = 512.
  * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the

@@ -319,10 +319,14 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * CTA has such a task (256 of them) */
         if (cm->grid > 256)
             p.use_flags = 0;
-        /* The attention runs on tensor cores when a split has more than 64
-         * tokens (context 32768: 66 against 141 us), on CUDA cores below
-         * (one block of 32 tokens: 27 against 33 us); HD_CUDA_ATTN=scalar
-         * or =tc forces one (measurements, cross-checks) */
+        /* The attention runs on tensor cores in 8-head groups, four CTAs a
+         * split, where the splits are few enough (cuda_step; context 0:
+         * 8.6 us against 21.3 on CUDA cores, 4096: 15.5 against 32.4 with
+         * one CTA a split; 2026-12-06, an H100).  Else on tensor cores
+         * with one CTA a split when a split has more than 64 tokens
+         * (context 32768: 66 against 141 us), on CUDA cores below (one
+         * block of 32 tokens: 27 against 33 us).  HD_CUDA_ATTN=scalar or
+         * =tc forces one of the last two (measurements, cross-checks) */
         const char *at = getenv("HD_CUDA_ATTN");
         p.attn_scalar = at && strcmp(at, "scalar") == 0 ? 1 : at && strcmp(at, "tc") == 0 ? -1 : 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
@@ -563,7 +567,15 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     p.pos = (int)state->context;
     if (state->context > (size_t)0x7fffffff - 64)
         return HD_ERR_BACKEND;
-    /* Splits of at least split_min tokens, at most one per CTA. */
+    /* Splits of at least split_min tokens, at most one per CTA; four CTAs
+     * a split (8 heads each, mla_attend_tc8) where they fit, unless
+     * HD_CUDA_ATTN forces one kind.  (Measured, not yet made the default:
+     * at context 8192 (E 256, an H100) 33 splits of 249 tokens with four
+     * CTAs each took 380.2 us a step, the 65 splits of 127 with one CTA
+     * each 393.8, so up to twice as many splits as fit four CTAs each
+     * could become a quarter of the grid's, longer.  Beyond that one CTA
+     * a split has the shorter attention: at 32768, 33 splits of 993 with
+     * four CTAs each took 510 us a step against 425.) */
     {
         const size_t mn = (size_t)cm->split_min;
         size_t ns = (T + mn - 1) / mn;
@@ -571,6 +583,7 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
             ns = (size_t)cm->grid;
         p.nsplit = (int)ns;
         p.split_len = (int)((T + ns - 1) / ns);
+        p.hsplit = p.attn_scalar == 0 && 4 * ns <= (size_t)cm->grid ? 4 : 1;
     }
     pthread_mutex_lock(&step_lock);
     const bool timed = getenv("HD_CUDA_PHASES") != nullptr;
