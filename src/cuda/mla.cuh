@@ -465,6 +465,38 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t (&r)[4])
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
 
+/* The four values f as three bf16 parts each (hi + mid + lo = f
+ * exactly): hi at q[0..3], mid ps elements on, lo 2 ps on. */
+__device__ __forceinline__ void store_parts3(uint16_t *q, const float4 v, int ps)
+{
+    const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const float hi = bfr(f[c]), mid = bfr(f[c] - hi), lo = bfr((f[c] - hi) - mid);
+        q[c] = f2bf(hi);
+        q[ps + c] = f2bf(mid);
+        q[2 * ps + c] = f2bf(lo);
+    }
+}
+
+/* The cache rows [tb, tb + nt) into shared memory at kc (rows of TC_ROW
+ * bytes, the 512 latent then the 64 rope values), TC_TB rows, those past
+ * nt zero: 72 pieces of 16 bytes a token, cp.async by every thread
+ * (committed and waited for by the caller). */
+__device__ __forceinline__ void attend_copy_block(uint32_t kc, const uint16_t *ckv,
+                                                  const uint16_t *kr, int tb, int nt)
+{
+    for (int i = threadIdx.x; i < TC_TB * 72; i += HDC_THREADS) {
+        const int t = i / 72, pc = i % 72;
+        const int tt = t < nt ? tb + t : tb;
+        const uint16_t *src = pc < 64 ? ckv + (size_t)tt * 512 + pc * 8
+                                      : kr + (size_t)tt * 64 + (pc - 64) * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     : : "r"(kc + t * TC_ROW + pc * 16), "l"(src), "r"(t < nt ? 16 : 0)
+                     : "memory");
+    }
+}
+
 __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &L, float *sm,
                                            unsigned long long *tr)
 {
@@ -500,15 +532,8 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
             const int i = threadIdx.x + u * HDC_THREADS;
             const int hh = u < 8 ? i >> 7 : threadIdx.x >> 4;
             const int d = u < 8 ? (i & 127) * 4 : 512 + (threadIdx.x & 15) * 4;
-            const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-            uint16_t *q = reinterpret_cast<uint16_t *>(sb + TC_QP + hh * TC_ROW) + d;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float hi = bfr(f[c]), mid = bfr(f[c] - hi), lo = bfr((f[c] - hi) - mid);
-                q[c] = f2bf(hi);
-                q[32 * TC_ROW / 2 + c] = f2bf(mid);
-                q[64 * TC_ROW / 2 + c] = f2bf(lo);
-            }
+            store_parts3(reinterpret_cast<uint16_t *>(sb + TC_QP + hh * TC_ROW) + d, v[u],
+                         32 * TC_ROW / 2);
         }
     }
     trace_mark(tr, 40);
@@ -532,16 +557,8 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
 
     for (int tb = t0; tb < t1; tb += TC_TB) {
         const int nt = min(TC_TB, t1 - tb);
-        /* a. the block: 72 pieces of 16 bytes a token; rows past nt zero */
-        for (int i = threadIdx.x; i < TC_TB * 72; i += HDC_THREADS) {
-            const int t = i / 72, pc = i % 72;
-            const int tt = t < nt ? tb + t : tb;
-            const uint16_t *src = pc < 64 ? ckv + (size_t)tt * 512 + pc * 8
-                                          : kr + (size_t)tt * 64 + (pc - 64) * 8;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         : : "r"(base + TC_KC + t * TC_ROW + pc * 16), "l"(src),
-                           "r"(t < nt ? 16 : 0) : "memory");
-        }
+        /* a. the block */
+        attend_copy_block(base + TC_KC, ckv, kr, tb, nt);
         if (tb == t0) {
             trace_mark(tr, 41);
             /* the rows past the first block into L2, behind its copies
@@ -739,15 +756,8 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
             const int i = threadIdx.x + u * HDC_THREADS;
             const int hh = u < 2 ? i >> 7 : threadIdx.x >> 4;
             const int d = u < 2 ? (i & 127) * 4 : 512 + (threadIdx.x & 15) * 4;
-            const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-            uint16_t *q = reinterpret_cast<uint16_t *>(sb + T8_QP + hh * TC_ROW) + d;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float hi = bfr(f[c]), mid = bfr(f[c] - hi), lo = bfr((f[c] - hi) - mid);
-                q[c] = f2bf(hi);
-                q[8 * TC_ROW / 2 + c] = f2bf(mid);
-                q[16 * TC_ROW / 2 + c] = f2bf(lo);
-            }
+            store_parts3(reinterpret_cast<uint16_t *>(sb + T8_QP + hh * TC_ROW) + d, v[u],
+                         8 * TC_ROW / 2);
         }
     }
     trace_mark(tr, 40);
@@ -774,16 +784,8 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
 
     for (int tb = t0; tb < t1; tb += TC_TB) {
         const int nt = min(TC_TB, t1 - tb);
-        /* a. the block: 72 pieces of 16 bytes a token; rows past nt zero */
-        for (int i = threadIdx.x; i < TC_TB * 72; i += HDC_THREADS) {
-            const int t = i / 72, pc = i % 72;
-            const int tt = t < nt ? tb + t : tb;
-            const uint16_t *src = pc < 64 ? ckv + (size_t)tt * 512 + pc * 8
-                                          : kr + (size_t)tt * 64 + (pc - 64) * 8;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         : : "r"(base + T8_KC + t * TC_ROW + pc * 16), "l"(src),
-                           "r"(t < nt ? 16 : 0) : "memory");
-        }
+        /* a. the block */
+        attend_copy_block(base + T8_KC, ckv, kr, tb, nt);
         if (tb == t0) {
             trace_mark(tr, 41);
             /* the split's later rows into L2 (once for the four CTAs) */
