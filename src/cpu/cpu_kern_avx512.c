@@ -187,14 +187,10 @@ static double avx512_dot_bf16_f64(const float *x, const uint16_t *w, int n)
         a3 = _mm512_add_pd(a3, _mm512_cvtps_pd(_mm256_castpd_ps(
                                    _mm512_extractf64x4_pd(_mm512_castps_pd(p1), 1))));
     }
-    double s = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
-    for (; i < n; i++) {
-        uint32_t u = (uint32_t)w[i] << 16;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        s += (double)(x[i] * f);
-    }
-    return s;
+    /* the last n % 32 by the generic loops (exact sums: any split adds up
+     * to the same bits) */
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3))) +
+           gen_dot_bf16_f64(x + i, w + i, n - i);
 }
 
 const cpu_kernels cpu_kernels_avx512 = {

@@ -56,7 +56,7 @@ static inline float ghsum(gvf v)
  * any spread of magnitudes below 2^37: the order of the additions does
  * not change the result.  (One accumulator made the router's 4.6 KB rows
  * a chain of dependent adds, at about half the read bandwidth.) */
-static inline double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
+static double gen_dot_bf16_f64(const float *x, const uint16_t *w, int n)
 {
     gvd a0 = { 0 }, a1 = { 0 };
     double s = 0.0;
