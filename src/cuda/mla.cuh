@@ -204,39 +204,51 @@ __device__ __forceinline__ void attend_prefetch(const uint16_t *ckv, const uint1
     }
 }
 
-/* The online softmax statistics of a block, on every warp: thread (q, hh)
- * (warp q, lane hh) holds some of head hh's scores, their maximum lm.
- * softmax_max: the block's maximum of head hh with the running one (mrun),
- * through red in a fixed order.  softmax_commit, once the thread has its
- * sum ps of exp(score - mb): alpha = exp(old max - mb) into al, and on
- * threads < 32 the running sum l_run and mrun.  red and red2: 16 x 32
- * floats each, distinct (red is still read when red2 is written).  Both
- * contain a __syncthreads. */
+/* The online softmax statistics of a block for H heads (32, or 8 in
+ * mla_attend_tc8), on every warp: thread (q, l) (warp q, lane l) holds
+ * some of head hh = l % H's scores, their maximum lm (with H < 32, the
+ * lanes l, l + H, ... hold other scores of the same head and are first
+ * combined by shuffles).  softmax_max: the block's maximum of head hh
+ * with the running one (mrun), through red in a fixed order.
+ * softmax_commit, once the thread has its sum ps of exp(score - mb):
+ * alpha = exp(old max - mb) into al, and on threads < H the running sum
+ * l_run and mrun.  red and red2: 16 x H floats each, distinct (red is
+ * still read when red2 is written).  Both contain a __syncthreads. */
+template <int H>
 __device__ __forceinline__ float softmax_max(float lm, float *red, const float *mrun)
 {
-    const int hh = threadIdx.x & 31, q = threadIdx.x >> 5;
-    red[q * 32 + hh] = lm;
+    const int lane = threadIdx.x & 31, hh = lane % H, q = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = H; o < 32; o <<= 1)
+        lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, o));
+    if (lane < H)
+        red[q * H + hh] = lm;
     __syncthreads();
     float mb = mrun[hh];
 #pragma unroll 4
     for (int i = 0; i < HDC_WARPS; i++)
-        mb = fmaxf(mb, red[i * 32 + hh]);
+        mb = fmaxf(mb, red[i * H + hh]);
     return mb;
 }
 
+template <int H>
 __device__ __forceinline__ void softmax_commit(float ps, float mb, float *red2, float *al,
                                                float *mrun, float &l_run)
 {
-    const int hh = threadIdx.x & 31, q = threadIdx.x >> 5;
-    red2[q * 32 + hh] = ps;
-    if (q == 0)
+    const int lane = threadIdx.x & 31, hh = lane % H, q = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = H; o < 32; o <<= 1)
+        ps += __shfl_xor_sync(0xffffffffu, ps, o);
+    if (lane < H)
+        red2[q * H + hh] = ps;
+    if (threadIdx.x < H)
         al[hh] = mrun[hh] == -INFINITY ? 0.0f : expf(mrun[hh] - mb);
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < H) {
         float sum = 0.0f;
 #pragma unroll 4
         for (int i = 0; i < HDC_WARPS; i++)
-            sum += red2[i * 32 + hh];
+            sum += red2[i * H + hh];
         l_run = l_run * al[hh] + sum;
         mrun[hh] = mb; /* read again only after the next block's barriers */
     }
@@ -376,7 +388,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
                 lm = sc[q * 32 + hh];
             if (t1ok)
                 lm = fmaxf(lm, sc[(q + 16) * 32 + hh]);
-            const float mb = softmax_max(lm, red, mrun);
+            const float mb = softmax_max<32>(lm, red, mrun);
             float ps = 0.0f;
             if (t0ok) {
                 float p = mb == -INFINITY ? 0.0f : expf(sc[q * 32 + hh] - mb);
@@ -388,7 +400,7 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
                 sc[(q + 16) * 32 + hh] = p;
                 ps += p;
             }
-            softmax_commit(ps, mb, red + 512, al, mrun, l_run);
+            softmax_commit<32>(ps, mb, red + 512, al, mrun, l_run);
         }
         /* e. acc[h][d] = acc * alpha + sum_t p[t][h] c[t][d] */
 #pragma unroll
@@ -609,7 +621,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 lm = fmaxf(lm, sc[(q + 16 * i) * 32 + hh]);
-            const float mb = softmax_max(lm, redm, mrun);
+            const float mb = softmax_max<32>(lm, redm, mrun);
             float ps = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -623,7 +635,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
                 pp[32 * TC_PROW / 2] = f2bf(mid);
                 pp[64 * TC_PROW / 2] = f2bf(lo);
             }
-            softmax_commit(ps, mb, redl, al, mrun, l_run);
+            softmax_commit<32>(ps, mb, redl, al, mrun, l_run);
         }
         if (tb == t0)
             trace_mark(tr, 43);
@@ -832,36 +844,14 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
                 sv = (((sc[t * 8 + hh] + sc[(TC_TB + t) * 8 + hh]) + sc[(2 * TC_TB + t) * 8 + hh]) +
                       sc[(3 * TC_TB + t) * 8 + hh]) *
                      score_scale;
-            float lm = fmaxf(sv, __shfl_xor_sync(0xffffffffu, sv, 8));
-            lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 16));
-            if (lane < 8)
-                redm[w * 8 + lane] = lm;
-            __syncthreads();
-            float mb = mrun[hh];
-#pragma unroll 4
-            for (int i = 0; i < HDC_WARPS; i++)
-                mb = fmaxf(mb, redm[i * 8 + hh]);
+            const float mb = softmax_max<8>(sv, redm, mrun);
             const float p = (mb == -INFINITY || sv == -INFINITY) ? 0.0f : expf(sv - mb);
             const float hi = bfr(p), mid = bfr(p - hi), lo = bfr((p - hi) - mid);
             uint16_t *pp = reinterpret_cast<uint16_t *>(sb + T8_PP + hh * TC_PROW) + t;
             pp[0] = f2bf(hi);
             pp[8 * TC_PROW / 2] = f2bf(mid);
             pp[16 * TC_PROW / 2] = f2bf(lo);
-            float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
-            ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-            if (lane < 8)
-                redl[w * 8 + lane] = ps;
-            if (threadIdx.x < 8)
-                al[hh] = mrun[hh] == -INFINITY ? 0.0f : expf(mrun[hh] - mb);
-            __syncthreads();
-            if (threadIdx.x < 8) {
-                float sum = 0.0f;
-#pragma unroll 4
-                for (int i = 0; i < HDC_WARPS; i++)
-                    sum += redl[i * 8 + hh];
-                l_run = l_run * al[hh] + sum;
-                mrun[hh] = mb; /* read again only after the next block's barriers */
-            }
+            softmax_commit<8>(p, mb, redl, al, mrun, l_run);
         }
         if (tb == t0)
             trace_mark(tr, 43);
