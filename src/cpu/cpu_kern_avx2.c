@@ -198,6 +198,40 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
     }
 }
 
+/* gen_dot_bf16_f64 on AVX2, with the same result (cpu_kern_generic.h says
+ * why the order of the additions does not matter): 16 products a pass,
+ * each half of 8 converted to doubles and added into one of four
+ * accumulators.  GCC 12 kept the generic version's accumulators (vectors
+ * of 8 doubles, two registers wide) in memory and converted the products
+ * two at a time.  One thread, the router's 256 rows of 2304: 80 against
+ * 341-360 us hot in L2, 89-95 against 336-340 us with the rows cold (600
+ * copies). */
+static double avx2_dot_bf16_f64(const float *x, const uint16_t *w, int n)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i))), 16));
+        const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8))), 16));
+        /* exact: bf16 times bf16 */
+        const __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + i), w0);
+        const __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), w1);
+        _mm_prefetch((const char *)(w + i + 1024), _MM_HINT_T0);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(p0)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(p0, 1)));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(p1)));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(p1, 1)));
+    }
+    const __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    /* the last n % 16 by the generic loops (exact sums: any split adds up
+     * to the same bits) */
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))) +
+           gen_dot_bf16_f64(x + i, w + i, n - i);
+}
+
 const cpu_kernels cpu_kernels_avx2 = {
     .name = "avx2",
     .layout = CPU_LAYOUT_PAIRED,
@@ -205,7 +239,7 @@ const cpu_kernels cpu_kernels_avx2 = {
     .absorb = gen_absorb,
     .vexp = isa_vexp,
     .vsincos = isa_vsincos,
-    .dot_bf16_f64 = gen_dot_bf16_f64,
+    .dot_bf16_f64 = avx2_dot_bf16_f64,
     .kda_head = gen_kda_head,
     .mla_range = gen_mla_range,
 };
