@@ -152,13 +152,15 @@ typedef struct vs_case {
     size_t context, steps;
 } vs_case;
 
-/* Contexts of the issue, spread over E = 16, 64, 256; the reference is slow
- * (about a second a step, more at long contexts), so the long cases take
- * few steps. */
+/* Contexts of the issue, spread over E = 16, 64, 256, and 6000 (where a
+ * grid of 132 CTAs caps the 47 splits of 128 tokens at 33 of 182 in
+ * 8-head groups: three double-buffered blocks, the last one partial); the
+ * reference is slow (about a second a step, more at long contexts), so
+ * the long cases take few steps. */
 static const vs_case VS[] = {
     {16, 0, 16}, {16, 1, 3}, {16, 5, 3}, {16, 95, 3},
     {64, 96, 3}, {64, 97, 3}, {64, 128, 2}, {64, 129, 2}, {64, 1000, 2},
-    {256, 0, 2}, {256, 4096, 2}, {256, 32768, 1},
+    {256, 0, 2}, {256, 4096, 2}, {256, 32768, 1}, {64, 6000, 2},
 };
 
 static void vs_ref(const vs_case *c, uint32_t seed)
@@ -205,8 +207,9 @@ END_TEST
  * parameters and mapped memory), a GEMV ring of two slots and of as many
  * as fit, attention splits of at least 32 tokens (the 8-head groups with
  * splits of one partial block at context 1000; the CUDA-core attention
- * at 4096, where 129 splits leave no room for four CTAs each), and of at
- * least 1024 tokens (the 8-head groups over 13 blocks a split). */
+ * at 4096, where 129 splits are more than twice the 33 that four CTAs
+ * each leave room for), and of at least 1024 tokens (the 8-head groups
+ * over 13 blocks a split). */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;

@@ -701,10 +701,11 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
  *   values: [512 dimensions x 64 tokens] x [64 tokens x 8 heads] (the
  *           cache block transposed by ldmatrix), warp w dimensions 32 w
  *           .. 32 w + 31 (two tiles), p in three parts.
- * Smem map in bytes: cache block, query parts, score quarters, p parts,
- * statistics. */
-#define T8_KC 0
-#define T8_QP (T8_KC + TC_TB * TC_ROW)
+ * The cache blocks are double-buffered: the copies of block i + 1 go out
+ * before block i's arithmetic.  Smem map in bytes: two cache blocks,
+ * query parts, score quarters, p parts, statistics. */
+#define T8_KC 0                        /* two blocks, double-buffered */
+#define T8_QP (T8_KC + 2 * TC_TB * TC_ROW)
 #define T8_SC (T8_QP + 3 * 8 * TC_ROW)
 #define T8_PP (T8_SC + 4 * TC_TB * 8 * 4)
 #define T8_RED (T8_PP + 3 * 8 * TC_PROW)
@@ -794,20 +795,29 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
     const uint32_t a_pv = base + T8_KC + (r8 + (jm >> 1) * 8) * TC_ROW + (32 * w + (jm & 1) * 8) * 2;
     const uint32_t b_pv = base + T8_PP + r8 * TC_PROW + ((jm >> 1) * 16 + (jm & 1) * 8) * 2;
 
-    for (int tb = t0; tb < t1; tb += TC_TB) {
+    /* a. the first block into buffer 0, then the split's later rows into
+     * L2 behind its copies (once for the four CTAs) */
+    attend_copy_block(base + T8_KC, ckv, kr, t0, min(TC_TB, t1 - t0));
+    asm volatile("cp.async.commit_group;" : : : "memory");
+    trace_mark(tr, 41);
+    if (threadIdx.x == 0 && hb == 0)
+        attend_prefetch(ckv, kr, t0 + TC_TB, t1);
+    for (int tb = t0, cur = 0; tb < t1; tb += TC_TB, cur ^= 1) {
         const int nt = min(TC_TB, t1 - tb);
-        /* a. the block */
-        attend_copy_block(base + T8_KC, ckv, kr, tb, nt);
-        if (tb == t0) {
-            trace_mark(tr, 41);
-            /* the split's later rows into L2 (once for the four CTAs) */
-            if (threadIdx.x == 0 && hb == 0)
-                attend_prefetch(ckv, kr, t0 + TC_TB, t1);
+        /* the next block's copies into the other buffer (whose readers,
+         * the block before, passed the loop's last barrier) go out before
+         * this block's arithmetic; then this block's are waited for */
+        if (tb + TC_TB < t1) {
+            attend_copy_block(base + T8_KC + (cur ^ 1) * TC_TB * TC_ROW, ckv, kr, tb + TC_TB,
+                              min(TC_TB, t1 - tb - TC_TB));
+            asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 1;" : : : "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" : : : "memory");
         }
-        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" : : : "memory");
         __syncthreads();
         if (tb == t0)
             trace_mark(tr, 25);
+        const uint32_t kb = (uint32_t)cur * TC_TB * TC_ROW; /* this block's buffer */
         /* b. a quarter of the scores of 16 tokens x 8 heads */
         {
             float d[3][4];
@@ -817,7 +827,7 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
 #pragma unroll 3
             for (int ks = 9 * kg; ks < 9 * kg + 9; ks++) {
                 uint32_t a[4];
-                ldsm_x4(a_sc + ks * 32, a);
+                ldsm_x4(a_sc + kb + ks * 32, a);
 #pragma unroll
                 for (int p = 0; p < 3; p++) {
                     uint32_t b[2];
@@ -877,7 +887,7 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
 #pragma unroll
                     for (int m = 0; m < 2; m++) {
                         uint32_t a[4];
-                        ldsm_x4_t(a_pv + kt * 16 * TC_ROW + m * 32, a);
+                        ldsm_x4_t(a_pv + kb + kt * 16 * TC_ROW + m * 32, a);
 #pragma unroll
                         for (int p = 0; p < 3; p++)
                             mma_bf16(acc[m], a[0], a[1], a[2], a[3], b[p][2 * kk],

@@ -569,21 +569,26 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
         return HD_ERR_BACKEND;
     /* Splits of at least split_min tokens, at most one per CTA; four CTAs
      * a split (8 heads each, mla_attend_tc8) where they fit, unless
-     * HD_CUDA_ATTN forces one kind.  (Measured, not yet made the default:
-     * at context 8192 (E 256, an H100) 33 splits of 249 tokens with four
-     * CTAs each took 380.2 us a step, the 65 splits of 127 with one CTA
-     * each 393.8, so up to twice as many splits as fit four CTAs each
-     * could become a quarter of the grid's, longer.  Beyond that one CTA
-     * a split has the shorter attention: at 32768, 33 splits of 993 with
-     * four CTAs each took 510 us a step against 425.) */
+     * HD_CUDA_ATTN forces one kind.  Up to twice as many splits as fit
+     * that way become a quarter of the grid's, longer: at context 8192
+     * (E 256, an H100) 33 splits of 249 tokens with four CTAs each took
+     * 380.2 us a step, 65 splits of 127 with one CTA each 393.8 (before
+     * the blocks were double-buffered).  Beyond that one CTA a split has
+     * the shorter attention: at 32768, 33 splits of 993 with four CTAs
+     * each took 510 us a step against 425. */
     {
-        const size_t mn = (size_t)cm->split_min;
+        const size_t mn = (size_t)cm->split_min, quarter = (size_t)cm->grid / 4;
         size_t ns = (T + mn - 1) / mn;
         if (ns > (size_t)cm->grid)
             ns = (size_t)cm->grid;
+        p.hsplit = 1;
+        if (p.attn_scalar == 0 && quarter > 0 && ns <= 2 * quarter) {
+            p.hsplit = 4;
+            if (ns > quarter)
+                ns = quarter;
+        }
         p.nsplit = (int)ns;
         p.split_len = (int)((T + ns - 1) / ns);
-        p.hsplit = p.attn_scalar == 0 && 4 * ns <= (size_t)cm->grid ? 4 : 1;
     }
     pthread_mutex_lock(&step_lock);
     const bool timed = getenv("HD_CUDA_PHASES") != nullptr;
