@@ -571,11 +571,14 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
      * a split (8 heads each, mla_attend_tc8) where they fit, unless
      * HD_CUDA_ATTN forces one kind.  Up to twice as many splits as fit
      * that way become a quarter of the grid's, longer: at context 8192
-     * (E 256, an H100) 33 splits of 249 tokens with four CTAs each took
-     * 380.2 us a step, 65 splits of 127 with one CTA each 393.8 (before
-     * the blocks were double-buffered).  Beyond that one CTA a split has
-     * the shorter attention: at 32768, 33 splits of 993 with four CTAs
-     * each took 510 us a step against 425. */
+     * (E 256, an H100, two modules alternating) 33 splits of 249 tokens
+     * with four CTAs each took 376.9-377.6 us a step, 65 splits of 127
+     * with one CTA each 393.1-394.5.  Beyond that one CTA a split stays
+     * the default, though with the blocks double-buffered the quarter's
+     * splits measured faster there too (12288: 387-394 against 399-403
+     * us; 16384: 395-400 against 406-410; 32768: 423-427 against 426-430;
+     * HD_CUDA_SPLIT_MIN=256 and 512 against the default, three rounds):
+     * the suite has not yet run with that policy. */
     {
         const size_t mn = (size_t)cm->split_min, quarter = (size_t)cm->grid / 4;
         size_t ns = (T + mn - 1) / mn;
