@@ -198,6 +198,20 @@ static void avx2_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
     }
 }
 
+/* 8 bf16 words as fp32 (exact) */
+static inline __m256 load_bf16x8(const uint16_t *w)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
+}
+
+/* p's two halves as doubles (exact) into *lo and *hi */
+static inline void add_halves_f64(__m256 p, __m256d *lo, __m256d *hi)
+{
+    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+}
+
 /* gen_dot_bf16_f64 on AVX2, with the same result (cpu_kern_generic.h says
  * why the order of the additions does not matter): 16 products a pass,
  * each half of 8 converted to doubles and added into one of four
@@ -211,18 +225,12 @@ static double avx2_dot_bf16_f64(const float *x, const uint16_t *w, int n)
     __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i))), 16));
-        const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8))), 16));
         /* exact: bf16 times bf16 */
-        const __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + i), w0);
-        const __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), w1);
+        const __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + i), load_bf16x8(w + i));
+        const __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), load_bf16x8(w + i + 8));
         _mm_prefetch((const char *)(w + i + 1024), _MM_HINT_T0);
-        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(p0)));
-        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(p0, 1)));
-        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(p1)));
-        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(p1, 1)));
+        add_halves_f64(p0, &a0, &a1);
+        add_halves_f64(p1, &a2, &a3);
     }
     const __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
     const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));

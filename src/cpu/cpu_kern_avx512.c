@@ -157,6 +157,21 @@ static void avx512_gemv_pairs(const uint8_t *tiles, int p0, int p1, int groups,
     }
 }
 
+/* 16 bf16 words as fp32 (exact) */
+static inline __m512 load_bf16x16(const uint16_t *w)
+{
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w)), 16));
+}
+
+/* p's two halves as doubles (exact) into *lo and *hi */
+static inline void add_halves_f64(__m512 p, __m512d *lo, __m512d *hi)
+{
+    *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+    *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(_mm256_castpd_ps(
+                                 _mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
+}
+
 /* gen_dot_bf16_f64 on AVX-512, with the same result (cpu_kern_generic.h
  * says why the order of the additions does not matter): 32 products a
  * pass, each half of 8 converted to doubles and added into one of four
@@ -172,20 +187,12 @@ static double avx512_dot_bf16_f64(const float *x, const uint16_t *w, int n)
     __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i))), 16));
-        const __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i + 16))), 16));
         /* exact: bf16 times bf16 */
-        const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(x + i), w0);
-        const __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), w1);
+        const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(x + i), load_bf16x16(w + i));
+        const __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), load_bf16x16(w + i + 16));
         _mm_prefetch((const char *)(w + i + 1024), _MM_HINT_T0);
-        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(p0)));
-        a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                   _mm512_extractf64x4_pd(_mm512_castps_pd(p0), 1))));
-        a2 = _mm512_add_pd(a2, _mm512_cvtps_pd(_mm512_castps512_ps256(p1)));
-        a3 = _mm512_add_pd(a3, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                   _mm512_extractf64x4_pd(_mm512_castps_pd(p1), 1))));
+        add_halves_f64(p0, &a0, &a1);
+        add_halves_f64(p1, &a2, &a3);
     }
     /* the last n % 32 by the generic loops (exact sums: any split adds up
      * to the same bits) */

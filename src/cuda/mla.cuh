@@ -455,8 +455,9 @@ __device__ __noinline__ void mla_attend(const StepParams &P, const LayerDev &L, 
  * Smem map in bytes: cache block, query parts, scores, p parts, stats. */
 #define TC_TB 64
 #define TC_ROW 1168 /* bytes a cache or query row: 576 bf16 + 16 */
+#define TC_BLOCK (TC_TB * TC_ROW) /* bytes of a cache block in shared memory */
 #define TC_KC 0
-#define TC_QP (TC_KC + TC_TB * TC_ROW)
+#define TC_QP (TC_KC + TC_BLOCK)
 #define TC_SC (TC_QP + 3 * 32 * TC_ROW)
 #define TC_PROW 144 /* bytes a row of p: 64 bf16 + 16 */
 #define TC_PP (TC_SC + TC_TB * 32 * 4)
@@ -705,7 +706,7 @@ __device__ __noinline__ void mla_attend_tc(const StepParams &P, const LayerDev &
  * before block i's arithmetic.  Smem map in bytes: two cache blocks,
  * query parts, score quarters, p parts, statistics. */
 #define T8_KC 0                        /* two blocks, double-buffered */
-#define T8_QP (T8_KC + 2 * TC_TB * TC_ROW)
+#define T8_QP (T8_KC + 2 * TC_BLOCK)
 #define T8_SC (T8_QP + 3 * 8 * TC_ROW)
 #define T8_PP (T8_SC + 4 * TC_TB * 8 * 4)
 #define T8_RED (T8_PP + 3 * 8 * TC_PROW)
@@ -808,7 +809,7 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
          * the block before, passed the loop's last barrier) go out before
          * this block's arithmetic; then this block's are waited for */
         if (tb + TC_TB < t1) {
-            attend_copy_block(base + T8_KC + (cur ^ 1) * TC_TB * TC_ROW, ckv, kr, tb + TC_TB,
+            attend_copy_block(base + T8_KC + (cur ^ 1) * TC_BLOCK, ckv, kr, tb + TC_TB,
                               min(TC_TB, t1 - tb - TC_TB));
             asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 1;" : : : "memory");
         } else {
@@ -817,7 +818,7 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
         __syncthreads();
         if (tb == t0)
             trace_mark(tr, 25);
-        const uint32_t kb = (uint32_t)cur * TC_TB * TC_ROW; /* this block's buffer */
+        const uint32_t kb = (uint32_t)cur * TC_BLOCK; /* this block's buffer */
         /* b. a quarter of the scores of 16 tokens x 8 heads */
         {
             float d[3][4];
