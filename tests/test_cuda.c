@@ -154,9 +154,10 @@ typedef struct vs_case {
 
 /* Contexts of the issue, spread over E = 16, 64, 256, and 6000 (where a
  * grid of 132 CTAs caps the 47 splits of 128 tokens at 33 of 182 in
- * 8-head groups: three double-buffered blocks, the last one partial); the
- * reference is slow (about a second a step, more at long contexts), so
- * the long cases take few steps. */
+ * 8-head groups: three double-buffered blocks, the last one partial; at
+ * 32768, 33 splits of 993 tokens, 16 blocks each); the reference is slow
+ * (about a second a step, more at long contexts), so the long cases take
+ * few steps. */
 static const vs_case VS[] = {
     {16, 0, 16}, {16, 1, 3}, {16, 5, 3}, {16, 95, 3},
     {64, 96, 3}, {64, 97, 3}, {64, 128, 2}, {64, 129, 2}, {64, 1000, 2},
@@ -200,16 +201,17 @@ END_TEST
 
 /* The module's other code paths, chosen by environment variables read when
  * a model is loaded: the tensor-core attention with one CTA a split (all
- * 32 heads) also where the splits are short (one partial block of 64
- * tokens, or a single token), the CUDA-core one also where they are long,
- * the GEMV ring primed before the grid barriers, grid barriers in place of
- * the flags, the step's input and output through copies (not the launch's
- * parameters and mapped memory), a GEMV ring of two slots and of as many
- * as fit, attention splits of at least 32 tokens (the 8-head groups with
- * splits of one partial block at context 1000; the CUDA-core attention
- * at 4096, where 129 splits are more than twice the 33 that four CTAs
- * each leave room for), and of at least 1024 tokens (the 8-head groups
- * over 13 blocks a split). */
+ * 32 heads) on short splits (one partial block of 64 tokens, or a single
+ * token) and on long ones (context 20000: 132 splits of 152 tokens), the
+ * CUDA-core one on long splits (20000) and on one split of 98 tokens
+ * (four blocks of 32, the last one partial), the GEMV ring primed before
+ * the grid barriers, grid barriers in place of the flags, the step's
+ * input and output through copies (not the launch's parameters and
+ * mapped memory), a GEMV ring of two slots and of as many as fit,
+ * attention splits of at least 32 tokens (the 8-head groups over splits
+ * of one partial block at context 1000), and of at least 1024 tokens
+ * (5 splits of 820 at context 4096, 13 blocks each: fewer splits than a
+ * quarter of the grid's). */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;
@@ -218,10 +220,11 @@ typedef struct vs_env_case {
 static const vs_env_case VS_ENV[] = {
     {"HD_CUDA_ATTN", "tc", {16, 0, 3}},      {"HD_CUDA_ATTN", "tc", {16, 5, 3}},
     {"HD_CUDA_ATTN", "tc", {64, 129, 2}},    {"HD_CUDA_ATTN", "tc", {64, 1000, 2}},
-    {"HD_CUDA_ATTN", "scalar", {64, 20000, 1}}, {"HD_CUDA_PRIME", "1", {64, 97, 3}},
+    {"HD_CUDA_ATTN", "tc", {64, 20000, 1}},  {"HD_CUDA_ATTN", "scalar", {64, 20000, 1}},
+    {"HD_CUDA_ATTN", "scalar", {16, 97, 3}}, {"HD_CUDA_PRIME", "1", {64, 97, 3}},
     {"HD_CUDA_FLAGS", "0", {64, 97, 3}},     {"HD_CUDA_IO", "copy", {16, 5, 3}},
     {"HD_CUDA_SLOTS", "2", {64, 97, 2}},     {"HD_CUDA_SLOTS", "16", {64, 97, 2}},
-    {"HD_CUDA_SPLIT_MIN", "32", {64, 1000, 2}}, {"HD_CUDA_SPLIT_MIN", "32", {16, 4096, 2}},
+    {"HD_CUDA_SPLIT_MIN", "32", {64, 1000, 2}},
     {"HD_CUDA_SPLIT_MIN", "1024", {64, 4096, 2}},
 };
 

@@ -78,9 +78,9 @@ struct StepParams {
                       * 0 at rest, set back to 0 in each router phase) */
     unsigned *bar; /* [3] grid barrier: arrivals, their count at launch, exits */
     int prefetch;  /* 1: each CTA prefetches its next phases' bytes into L2 */
-    int attn_scalar; /* 1: attention on CUDA cores, -1: on tensor cores with
-                      * one CTA a split, 0: the 8-head groups where 4 CTAs
-                      * a split fit, else by split length
+    int attn_scalar; /* 1: one CTA a split on CUDA cores, -1: one CTA a
+                      * split on tensor cores, 0: the 8-head groups, or
+                      * (grids of < 4 CTAs) by split length
                       * (HD_CUDA_ATTN=scalar|tc) */
     int prime;     /* bit i (PrimeWhat in mega.cu): phase i's weights stream
                     * into shared memory before the grid barrier ahead of

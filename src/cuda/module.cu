@@ -320,13 +320,12 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         if (cm->grid > 256)
             p.use_flags = 0;
         /* The attention runs on tensor cores in 8-head groups, four CTAs a
-         * split, where the splits are few enough (cuda_step; context 0:
-         * 8.6 us against 21.3 on CUDA cores, 4096: 15.5 against 32.4 with
-         * one CTA a split; 2026-12-06, an H100).  Else on tensor cores
-         * with one CTA a split when a split has more than 64 tokens
-         * (context 32768: 66 against 141 us), on CUDA cores below (one
-         * block of 32 tokens: 27 against 33 us).  HD_CUDA_ATTN=scalar or
-         * =tc forces one of the last two (measurements, cross-checks) */
+         * split (cuda_step; context 0: 8.6 us against 21.3 on CUDA cores,
+         * 4096: 15.5 against 32.4 with one CTA a split; 2026-12-06, an
+         * H100).  HD_CUDA_ATTN=tc forces one CTA a split on tensor cores,
+         * =scalar one CTA a split on CUDA cores (measurements,
+         * cross-checks); a grid of fewer than 4 CTAs takes one CTA a
+         * split, on CUDA cores where a split has at most 64 tokens. */
         const char *at = getenv("HD_CUDA_ATTN");
         p.attn_scalar = at && strcmp(at, "scalar") == 0 ? 1 : at && strcmp(at, "tc") == 0 ? -1 : 0;
         p.trace = getenv("HD_CUDA_TRACE") ? p.timers + 128 : nullptr;
@@ -568,24 +567,23 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
     if (state->context > (size_t)0x7fffffff - 64)
         return HD_ERR_BACKEND;
     /* Splits of at least split_min tokens, at most one per CTA; four CTAs
-     * a split (8 heads each, mla_attend_tc8) where they fit, unless
-     * HD_CUDA_ATTN forces one kind.  Up to twice as many splits as fit
-     * that way become a quarter of the grid's, longer: at context 8192
-     * (E 256, an H100, two modules alternating) 33 splits of 249 tokens
-     * with four CTAs each took 376.9-377.6 us a step, 65 splits of 127
-     * with one CTA each 393.1-394.5.  Beyond that one CTA a split stays
-     * the default, though with the blocks double-buffered the quarter's
-     * splits measured faster there too (12288: 387-394 against 399-403
-     * us; 16384: 395-400 against 406-410; 32768: 423-427 against 426-430;
-     * HD_CUDA_SPLIT_MIN=256 and 512 against the default, three rounds):
-     * the suite has not yet run with that policy. */
+     * a split (8 heads each, mla_attend_tc8) unless HD_CUDA_ATTN forces
+     * one kind, and at most a quarter of the grid's splits, longer where
+     * there would be more.  Measured (E 256, an H100, two modules
+     * alternating): at context 8192, 33 splits of 249 tokens with four
+     * CTAs each took 376.9-377.6 us a step, 65 splits of 127 with one
+     * CTA each 393.1-394.5; at 12288 387-394 against 399-403 (97 splits
+     * of one CTA), at 16384 395-400 against 406-410 (129), at 32768
+     * 423-427 against 426-430 (132); fewer splits than a quarter of the
+     * grid were slower everywhere (docs/PERF-CUDA.md, twentieth and
+     * twenty-first sessions). */
     {
         const size_t mn = (size_t)cm->split_min, quarter = (size_t)cm->grid / 4;
         size_t ns = (T + mn - 1) / mn;
         if (ns > (size_t)cm->grid)
             ns = (size_t)cm->grid;
         p.hsplit = 1;
-        if (p.attn_scalar == 0 && quarter > 0 && ns <= 2 * quarter) {
+        if (p.attn_scalar == 0 && quarter > 0) {
             p.hsplit = 4;
             if (ns > quarter)
                 ns = quarter;
