@@ -913,22 +913,32 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
     trace_mark(tr, 48);
 }
 
-/* Phase 4: per head (32 tasks) merge the splits into lat_h, then
- * o_h = bf(W_v,h^T lat_h): 4 tiles of 32 columns of kv_b, K = 512.
+/* Phase 4: per head merge the splits into lat_h, then
+ * o_h = bf(W_v,h^T lat_h) (kv_b's 128 W_v columns of the head, K = 512),
+ * in 32 x P.merge_ctas tasks: a task merges its head's splits and
+ * multiplies by 128 / merge_ctas of the columns (tiles of 32).
  * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the
  * splits g, g + 4, ... of the four dimensions 4 d4 .. 4 d4 + 3 (16-byte
  * loads, 8 in flight), and the four groups are added in a fixed order;
  * the splits' weights exp(m_s - M) are computed once per split.  (Four
- * CTAs a head, each for a quarter of W_v's columns, measured no faster:
- * 379.0 against 379.5 us at context 4096, device call 3 of 2026-12-04's
- * sixth session; what the phase waits for is L2, not the GEMV.) */
+ * CTAs a head measured no faster in 2026-12-04's sixth session, 379.0
+ * against 379.5 us at context 4096, when the statistics were read by
+ * loops on every thread; since the merge's chain is shorter they take the
+ * phase from 12.4-15.6 to 9.4-13.6 us, 3-4 us a step; 2026-12-07.  Not
+ * yet the default: module.cu.) */
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int T = P.pos + 1;
     const int d4 = threadIdx.x & 127, sg = threadIdx.x >> 7;
-    for (int hh = blockIdx.x; hh < 32; hh += gridDim.x) {
+    /* P.merge_ctas (1, 2 or 4) CTAs a head, each 128 / merge_ctas columns
+     * of its W_v; each sums the head's splits itself (the same order, so
+     * the same latent).  (W_v primed into the ring at the start, so that
+     * it streams while the splits are summed, measured 3 us slower: the
+     * bulk copies delay the splits' loads; docs/PERF-CUDA.md.) */
+    for (int task = blockIdx.x; task < 32 * P.merge_ctas; task += gridDim.x) {
+        const int hh = task / P.merge_ctas;
         /* The splits' statistics, loaded in parallel, then their weights:
          * the maximum M and the sum of e_s l_s as block reductions (a
          * thread's splits, its warp, the 16 warps: a fixed order), not
@@ -993,13 +1003,18 @@ __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, f
         }
         xs_finish(xs, 512, 3); /* fp32 values */
         trace_mark(P.trace, 46);
-        const int c0 = hh * 256 + 128;
-        MatTile m[4] = {mat_tile(L.p[2], 0, c0, xb, 3), mat_tile(L.p[2], 0, c0 + 32, xb, 3),
-                        mat_tile(L.p[2], 0, c0 + 64, xb, 3), mat_tile(L.p[2], 0, c0 + 96, xb, 3)};
-        gemv_tile<32, 4, 512>(m, red, out);
+        /* (the columns computed here, not kept through the merge: that
+         * spilled registers; tiles past ncol / 32 repeat the first and are
+         * not used) */
+        const int per = P.merge_ctas, ncol = 128 / per, cq = (task - hh * per) * ncol;
+        MatTile m[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            m[i] = mat_tile(L.p[2], 0, hh * 256 + 128 + cq + 32 * (i < ncol / 32 ? i : 0), xb, 3);
+        gemv_run(m, ncol / 32, 2, 512, red, out);
         trace_mark(P.trace, 47);
-        if (threadIdx.x < 128)
-            P.attn[hh * 128 + threadIdx.x] = bfr(out[threadIdx.x]);
+        if (threadIdx.x < ncol)
+            P.attn[hh * 128 + cq + threadIdx.x] = bfr(out[threadIdx.x]);
     }
 }
 

@@ -337,6 +337,19 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * more than the attention grows (27 -> 30 us; device calls 2 and
          * 3 of 2026-12-04's sixth session). */
         cm->split_min = env_int("HD_CUDA_SPLIT_MIN", 32, 4096, 128);
+        /* HD_CUDA_MERGE_CTAS=N (2 or 4): the merge of the attention's
+         * splits on N CTAs a head, each with 128 / N of the head's W_v
+         * columns, where the grid has 32 N CTAs (else fewer).  Four
+         * measured 3-4 us a step faster (the phase 12.6 against 15.4 us
+         * at context 4096; 2026-12-07, an H100, `hd-run --check` passed
+         * at contexts 100, 4096 and 32768), but the whole CUDA suite has
+         * not yet run with it on a device, so one CTA a head stays the
+         * default (docs/PERF-CUDA.md, twenty-second session). */
+        int mc = env_int("HD_CUDA_MERGE_CTAS", 1, 4, 1);
+        mc = mc >= 4 ? 4 : mc >= 2 ? 2 : 1;
+        while (mc > 1 && 32 * mc > cm->grid)
+            mc >>= 1;
+        p.merge_ctas = mc;
     }
     CK(cudaStreamCreateWithFlags(&cm->stream, cudaStreamNonBlocking));
     CK(cudaHostAlloc((void **)&cm->pinned, 2 * HD_HIDDEN * 2, cudaHostAllocMapped));
