@@ -915,7 +915,8 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
 
 /* Phase 4: per head merge the splits into lat_h, then
  * o_h = bf(W_v,h^T lat_h) (kv_b's 128 W_v columns of the head, K = 512),
- * in 32 x P.merge_ctas tasks: a task merges its head's splits and
+ * in 32 x P.merge_ctas tasks: a task merges its head's splits (each of
+ * the head's tasks in the same order, so they hold the same latent) and
  * multiplies by 128 / merge_ctas of the columns (tiles of 32).
  * The merge reads ns x 512 partial values of L2: thread (g, d4) sums the
  * splits g, g + 4, ... of the four dimensions 4 d4 .. 4 d4 + 3 (16-byte
@@ -923,20 +924,16 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
  * the splits' weights exp(m_s - M) are computed once per split.  (Four
  * CTAs a head measured no faster in 2026-12-04's sixth session, 379.0
  * against 379.5 us at context 4096, when the statistics were read by
- * loops on every thread; since the merge's chain is shorter they take the
- * phase from 12.4-15.6 to 9.4-13.6 us, 3-4 us a step; 2026-12-07.  Not
- * yet the default: module.cu.) */
+ * loops on every thread; now they save 3-4 us a step, and module.cu says
+ * why one CTA a head is still the default.  W_v primed into the ring at
+ * the start, to stream while the splits are summed, measured 3 us slower:
+ * the bulk copies delay the splits' loads; docs/PERF-CUDA.md.) */
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int T = P.pos + 1;
     const int d4 = threadIdx.x & 127, sg = threadIdx.x >> 7;
-    /* P.merge_ctas (1, 2 or 4) CTAs a head, each 128 / merge_ctas columns
-     * of its W_v; each sums the head's splits itself (the same order, so
-     * the same latent).  (W_v primed into the ring at the start, so that
-     * it streams while the splits are summed, measured 3 us slower: the
-     * bulk copies delay the splits' loads; docs/PERF-CUDA.md.) */
     for (int task = blockIdx.x; task < 32 * P.merge_ctas; task += gridDim.x) {
         const int hh = task / P.merge_ctas;
         /* The splits' statistics, loaded in parallel, then their weights:
