@@ -21,6 +21,9 @@
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
 #               from DRAM: the unit loop's unroll (GEMV_UNROLL), forced
 #               splits, bf16 and fp32 x, one-block calls
+#     primedbg  a module built with -DHDC_PRIME_DEBUG (gemv_run prints,
+#               on CTAs 0-2, whether a primed ring matched its call), run
+#               one step with HD_CUDA_LATE_PRIME=1, 4, 8 and HD_CUDA_PRIME=1
 #     ab        A/B on this machine: the module of another dist tarball
 #               (base/, from device-prepare.sh's BASE) built beside ours,
 #               then bench_cuda alternating between the two modules,
@@ -248,6 +251,19 @@ for stage in "$@"; do
             note "variant ${m%%:*}: $cs check rc=$? $(tail -1 "$OUT/var-${m%%:*}-check.log")"
         done
         alternate ${AB_ROUNDS:-2} abvar $mods
+        ;;
+    primedbg)
+        srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
+        (rm -rf /tmp/hd-var-dbg && mkdir -p /tmp/hd-var-dbg && cd /tmp/hd-var-dbg &&
+            deps_configure "$srcdir" >"$OUT/var-dbg-configure.log" 2>&1 &&
+            make -j16 hd-cuda.la NVCCFLAGS=-DHDC_PRIME_DEBUG >"$OUT/var-dbg-build.log" 2>&1) ||
+            { note "primedbg: build failed"; continue; }
+        for ev in HD_CUDA_LATE_PRIME=1 HD_CUDA_LATE_PRIME=4 HD_CUDA_LATE_PRIME=8 HD_CUDA_PRIME=1; do
+            note "== $ev"
+            env $ev HD_CUDA_MODULE=/tmp/hd-var-dbg/.libs/hd-cuda.so timeout 60 $run --backend cuda \
+                --experts 16 --context 10 --steps 1 -q 2>&1 | grep '^prime' | sort | uniq -c |
+                head -20 | tee -a "$summary"
+        done
         ;;
     sass)
         cuobjdump -sass $b/.libs/hd-cuda.so >"$OUT/module.sass" 2>&1

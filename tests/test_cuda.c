@@ -211,9 +211,11 @@ END_TEST
  * attention splits of at least 32 tokens (the 8-head groups over splits
  * of one partial block at context 1000), and of at least 1024 tokens
  * (5 splits of 820 at context 4096, 13 blocks each: fewer splits than a
- * quarter of the grid's), and the merge of the splits on four CTAs a
- * head (32 of W_v's 128 columns each; 8 splits at context 1000) and on
- * two (64 columns each; 33 splits at 4096). */
+ * quarter of the grid's), and the merge of the splits on one CTA a head
+ * (all 128 of W_v's columns; 8 splits at context 1000) and on two (64
+ * columns each; 33 splits at 4096), not the default's four, and the
+ * first weights of the projections, router and o_proj phases issued once
+ * their vectors are loaded (HD_CUDA_LATE_PRIME). */
 typedef struct vs_env_case {
     const char *var, *value;
     vs_case c;
@@ -228,8 +230,9 @@ static const vs_env_case VS_ENV[] = {
     {"HD_CUDA_SLOTS", "2", {64, 97, 2}},     {"HD_CUDA_SLOTS", "16", {64, 97, 2}},
     {"HD_CUDA_SPLIT_MIN", "32", {64, 1000, 2}},
     {"HD_CUDA_SPLIT_MIN", "1024", {64, 4096, 2}},
-    {"HD_CUDA_MERGE_CTAS", "4", {64, 1000, 2}},
+    {"HD_CUDA_MERGE_CTAS", "1", {64, 1000, 2}},
     {"HD_CUDA_MERGE_CTAS", "2", {16, 4096, 2}},
+    {"HD_CUDA_LATE_PRIME", "15", {64, 1000, 2}},
 };
 
 START_TEST(test_vs_ref_env)

@@ -231,9 +231,18 @@ __device__ __forceinline__ void xs_finish(float *xs, int n, int parts)
     __syncthreads();
 }
 
-/* x = bf(h * rsqrt(mean(h^2) + eps) * weight) into the padded layout. */
+/* What a phase does once its vector's loads are in (rmsnorm_xs, load_xs):
+ * nothing, or start its first GEMV's weight copies (gemv_prime_late). */
+struct NoHook {
+    __device__ void operator()() const {}
+};
+
+/* x = bf(h * rsqrt(mean(h^2) + eps) * weight) into the padded layout;
+ * hook() (every thread) once this thread's h is in registers. */
+template <typename Hook = NoHook>
 __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
-                           const uint16_t *weight, float *xs, float *red)
+                           const uint16_t *weight, float *xs, float *red,
+                           const Hook &hook = Hook())
 {
     constexpr int NV = (HDC_D + HDC_THREADS - 1) / HDC_THREADS;
     float v[NV], wn[NV];
@@ -247,6 +256,7 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
 #pragma unroll
     for (int j = 0; j < NV; j++)
         ss += v[j] * v[j];
+    hook();
     ss = block_sum(ss, red);
     float inv = 1.0f / sqrtf(ss / (float)HDC_D + 1e-6f);
 #pragma unroll
@@ -261,20 +271,23 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
 /* A layer's x = norm(h) (rmsnorm_xs); in the step's first layer h is the
  * step's input (device scratch, or the launch's parameters), which CTA 0
  * also stores as h. */
+template <typename Hook = NoHook>
 __device__ __forceinline__ void layer_norm_in(const StepParams &P, const uint16_t *weight,
-                                              bool first, float *xs, float *red)
+                                              bool first, float *xs, float *red,
+                                              const Hook &hook = Hook())
 {
     const uint16_t *hin = P.hin ? P.hin : P.hin_v;
-    rmsnorm_xs(P.h, first ? hin : nullptr, weight, xs, red);
+    rmsnorm_xs(P.h, first ? hin : nullptr, weight, xs, red, hook);
     if (first && blockIdx.x == 0)
         for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
             P.h[i] = bf16f(hin[i]);
 }
 
 /* A vector of N values other CTAs wrote (global) into the padded layout,
- * every thread's loads in flight at once; parts as for xs_finish. */
-template <int N>
-__device__ void load_xs(const float *src, float *xs, int parts)
+ * every thread's loads in flight at once; parts as for xs_finish; hook()
+ * (every thread) once the values are in shared memory. */
+template <int N, typename Hook = NoHook>
+__device__ void load_xs(const float *src, float *xs, int parts, const Hook &hook = Hook())
 {
     static_assert(N <= 4096, "the shared-memory map holds up to 4096 values of x");
     constexpr int NV = (N + HDC_THREADS - 1) / HDC_THREADS;
@@ -290,6 +303,7 @@ __device__ void load_xs(const float *src, float *xs, int parts)
         if (i < N)
             xs[(i >> 5) * HDC_XS_STRIDE + (i & 31)] = v[j];
     }
+    hook();
     xs_finish(xs, N, parts);
 }
 

@@ -17,6 +17,9 @@
 #define HD_CUDA_GEMV_CUH
 
 #include "common.cuh"
+#ifdef HDC_PRIME_DEBUG
+#include <cstdio>
+#endif
 
 struct MatTile {
     const uint4 *w;  /* member base */
@@ -390,6 +393,17 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
     /* the grid barrier that follows begins with __syncthreads */
 }
 
+/* gemv_prime inside a phase, once the phase's own small loads (its
+ * vector) are in: the copies of its first GEMV's blocks then stream while
+ * it finishes the vector (the norm, the B fragments) instead of after.
+ * Not where the ring was primed before the grid barrier (P.prime). */
+__device__ __forceinline__ void gemv_prime_late(const MatTile *m, int nm, int NB, int K)
+{
+    if (ring_ctl().prm[0])
+        return;
+    gemv_prime(m, nm, NB, K);
+}
+
 /* At the start of a launch: no ring is primed (shared memory starts with
  * whatever the last kernel left there), and the "full" barriers are
  * initialized, at phase 0.  Thread 0; a __syncthreads must follow before
@@ -459,6 +473,18 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
         for (int j = 0; same && j < nm; j++)
             same = tl[j].w == m[j].w && tl[j].sz == m[j].sz && tl[j].n0 == m[j].n0 &&
                    tl[j].xb == m[j].xb && tl[j].xl == m[j].xl;
+#ifdef HDC_PRIME_DEBUG
+        if (prm[0] && threadIdx.x == 0 && blockIdx.x < 3) {
+            int fw = 0;
+            for (int j = 0; j < nm && j < prm[1]; j++)
+                fw |= (tl[j].w != m[j].w) | (tl[j].sz != m[j].sz) << 1 |
+                      (tl[j].n0 != m[j].n0) << 2 | (tl[j].xb != m[j].xb) << 3 |
+                      (tl[j].xl != m[j].xl) << 4;
+            printf("prime cta %d same %d nm %d/%d NB %d/%d K %d/%d fields %x xb %p/%p\n",
+                   blockIdx.x, (int)same, prm[1], nm, prm[2], NB, prm[3], K, fw,
+                   (const void *)tl[0].xb, (const void *)m[0].xb);
+        }
+#endif
         if (prm[0] && !same && threadIdx.x == 0) {
             /* primed for another call (not expected): let its copies land */
             uint32_t sb;

@@ -87,6 +87,9 @@ struct StepParams {
     int prime;     /* bit i (PrimeWhat in mega.cu): phase i's weights stream
                     * into shared memory before the grid barrier ahead of
                     * it (HD_CUDA_PRIME, HD_CUDA_PRIME_MASK) */
+    int late_prime; /* bit 0 KDA, 1 MLA projections, 2 router, 3 o_proj:
+                     * the phase's first weights stream into shared memory
+                     * once its vector's loads are in (HD_CUDA_LATE_PRIME) */
     int use_flags; /* 1: the delta rule waits for its head's projections and
                     * a down projection for its expert (flags), not for
                     * the whole grid (HD_CUDA_FLAGS=0: grid barriers) */

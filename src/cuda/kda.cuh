@@ -4,6 +4,19 @@
 
 #include "gemv.cuh"
 
+/* The first GEMV of this CTA in the projection phase (its maps; 0: none),
+ * exactly as kda_proj calls it, for gemv_prime. */
+__device__ __forceinline__ int kda_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    NB = 2;
+    K = HDC_D;
+    if (blockIdx.x >= HDC_A / 32)
+        return 0;
+    for (int j = 0; j < 4; j++)
+        m[j] = mat_tile(L.p[j], 0, blockIdx.x * 32, sm_xb(), 1);
+    return 4;
+}
+
 /* Phase 1: x = norm(h); q, k, v, g projections (tiles of 32 columns of all
  * four, 128 tasks) with the short convolution, its cache shift, silu and
  * the decay in the epilogue; task 128 computes the 32 betas. */
@@ -12,7 +25,14 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC);
+    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC, [&] {
+        if (P.late_prime & 1) {
+            MatTile m[4];
+            int nb, k;
+            const int n = kda_proj_tiles(L, m, nb, k);
+            gemv_prime_late(m, n, nb, k);
+        }
+    });
     uint16_t *conv = P.conv[L.slot];
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 12);
@@ -69,19 +89,6 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
         if (P.use_flags)
             flag_signal(P.flags + HDC_FL_HEAD + task / 4);
     }
-}
-
-/* The first GEMV of this CTA in the projection phase (its maps; 0: none),
- * exactly as kda_proj calls it, for gemv_prime. */
-__device__ __forceinline__ int kda_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
-{
-    NB = 2;
-    K = HDC_D;
-    if (blockIdx.x >= HDC_A / 32)
-        return 0;
-    for (int j = 0; j < 4; j++)
-        m[j] = mat_tile(L.p[j], 0, blockIdx.x * 32, sm_xb(), 1);
-    return 4;
 }
 
 /* The L2 prefetches of this CTA's share of the phases (thread 0 only). */
@@ -195,7 +202,14 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
     if (blockIdx.x >= HDC_D / 16)
         return;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    load_xs<HDC_A>(P.attn, xs, 1); /* bf16 values */
+    load_xs<HDC_A>(P.attn, xs, 1, [&] { /* bf16 values */
+        if (P.late_prime & 8) {
+            MatTile m[2];
+            int nb, k;
+            const int n = out_proj_tiles(o, m, nb, k);
+            gemv_prime_late(m, n, nb, k);
+        }
+    });
     trace_mark(tr, 34);
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < HDC_D / 16; t0 += 2 * gridDim.x) {

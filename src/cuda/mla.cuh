@@ -20,6 +20,24 @@ __device__ __forceinline__ float rope(float e, float o, int r, int pos, bool odd
                : __fsub_rn(__fmul_rn(e, co), __fmul_rn(o, si));
 }
 
+/* The first (only) GEMV of this CTA in mla_proj, for gemv_prime. */
+__device__ __forceinline__ int mla_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    const int ntask = MLA_Q / 32 + MLA_KV / 32, t0 = blockIdx.x;
+    NB = 2;
+    K = HDC_D;
+    if (t0 >= ntask)
+        return 0;
+    const int nt = t0 + gridDim.x < ntask ? 2 : 1;
+    for (int i = 0; i < 2; i++) {
+        const int task = i < nt ? t0 + i * gridDim.x : t0;
+        const bool isq = task < MLA_Q / 32;
+        m[i] = mat_tile(isq ? L.p[0] : L.p[1], 0, isq ? task * 32 : (task - MLA_Q / 32) * 32,
+                        sm_xb(), 1);
+    }
+    return nt;
+}
+
 /* Phase 1: q = bf(x q_proj) with RoPE (192 tiles), kv = bf(x kv_a) appended
  * to the caches at row pos (18 tiles). */
 __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bool first,
@@ -28,7 +46,14 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int ntask = MLA_Q / 32 + MLA_KV / 32;
-    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC);
+    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC, [&] {
+        if (P.late_prime & 2) {
+            MatTile m[2];
+            int nb, k;
+            const int n = mla_proj_tiles(L, m, nb, k);
+            gemv_prime_late(m, n, nb, k);
+        }
+    });
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < ntask; t0 += 2 * gridDim.x) {
         const int nt = t0 + gridDim.x < ntask ? 2 : 1;
@@ -63,24 +88,6 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
             }
         }
     }
-}
-
-/* The first (only) GEMV of this CTA in mla_proj, for gemv_prime. */
-__device__ __forceinline__ int mla_proj_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
-{
-    const int ntask = MLA_Q / 32 + MLA_KV / 32, t0 = blockIdx.x;
-    NB = 2;
-    K = HDC_D;
-    if (t0 >= ntask)
-        return 0;
-    const int nt = t0 + gridDim.x < ntask ? 2 : 1;
-    for (int i = 0; i < 2; i++) {
-        const int task = i < nt ? t0 + i * gridDim.x : t0;
-        const bool isq = task < MLA_Q / 32;
-        m[i] = mat_tile(isq ? L.p[0] : L.p[1], 0, isq ? task * 32 : (task - MLA_Q / 32) * 32,
-                        sm_xb(), 1);
-    }
-    return nt;
 }
 
 __device__ __forceinline__ uint32_t movtrans(uint32_t a)

@@ -309,6 +309,17 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
         const int pm = env_int("HD_CUDA_PRIME_MASK", 0, 0x3f, -1);
         if (pm >= 0)
             p.prime = pm;
+        /* HD_CUDA_LATE_PRIME=M (0 .. 15): the phases of mask M (1 KDA
+         * projections, 2 MLA projections, 4 router, 8 o_proj) issue their
+         * first GEMV's copies once their vector's loads are in, before the
+         * norm and the B fragments (gemv_prime_late).  Measured slower, so
+         * off: 375 (M = 7) and 384 (15) against 351 us a step at context
+         * 4096, each primed phase 2-5 us longer (2026-12-07, an H200;
+         * docs/PERF-CUDA.md, twenty-third session) */
+#ifndef HDC_LATE_PRIME_DEFAULT
+#define HDC_LATE_PRIME_DEFAULT 0
+#endif
+        p.late_prime = env_int("HD_CUDA_LATE_PRIME", 0, 15, HDC_LATE_PRIME_DEFAULT);
         /* HD_CUDA_FLAGS=0 puts the grid barriers back where the delta rule
          * and the down projections wait for flags (measurements,
          * cross-checks) */
@@ -337,15 +348,17 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
          * more than the attention grows (27 -> 30 us; device calls 2 and
          * 3 of 2026-12-04's sixth session). */
         cm->split_min = env_int("HD_CUDA_SPLIT_MIN", 32, 4096, 128);
-        /* HD_CUDA_MERGE_CTAS=N (2 or 4): the merge of the attention's
-         * splits on N CTAs a head, each with 128 / N of the head's W_v
-         * columns, where the grid has 32 N CTAs (else fewer).  Four
-         * measured 3-4 us a step faster (the phase 12.6 against 15.4 us
-         * at context 4096; 2026-12-07, an H100, `hd-run --check` passed
-         * at contexts 100, 4096 and 32768), but the whole CUDA suite has
-         * not yet run with it on a device, so one CTA a head stays the
-         * default (docs/PERF-CUDA.md, twenty-second session). */
-        int mc = env_int("HD_CUDA_MERGE_CTAS", 1, 4, 1);
+        /* HD_CUDA_MERGE_CTAS=N (1, 2 or 4; 4 unless set): the merge of
+         * the attention's splits on N CTAs a head, each with 128 / N of
+         * the head's W_v columns, where the grid has 32 N CTAs (else
+         * fewer).  Four measured 3-4 us a step faster than one on an
+         * H100 (the phase 12.6 against 15.4 us at context 4096) and 1-2
+         * us at contexts 4096 and 32768 on an H200 (docs/PERF-CUDA.md,
+         * twenty-second and twenty-third sessions). */
+#ifndef HDC_MERGE_CTAS_DEFAULT
+#define HDC_MERGE_CTAS_DEFAULT 4
+#endif
+        int mc = env_int("HD_CUDA_MERGE_CTAS", 1, 4, HDC_MERGE_CTAS_DEFAULT);
         mc = mc >= 4 ? 4 : mc >= 2 ? 2 : 1;
         while (mc > 1 && 32 * mc > cm->grid)
             mc >>= 1;

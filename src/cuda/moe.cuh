@@ -25,6 +25,18 @@ __device__ __forceinline__ void router_range(int t, int E, int nl, int &e0, int 
     e1 = (int)((long long)(t + 1) * E / nl);
 }
 
+/* The first (only) GEMV of this CTA in moe_router, for gemv_prime. */
+__device__ __forceinline__ int moe_router_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
+{
+    NB = 1;
+    K = HDC_D;
+    if (blockIdx.x >= MOE_I / 16)
+        return 0;
+    m[0] = mat_tile(L.sgate, 0, blockIdx.x * 16, sm_xb(), 1);
+    m[1] = mat_tile(L.sup, 0, blockIdx.x * 16, sm_xb(), 1);
+    return 2;
+}
+
 /* Phase R: x = norm(h); router logits (router_tasks tasks, one expert a
  * warp) and the shared expert's f = silu(x gate) * (x up) (64 tiles of
  * 16 columns). */
@@ -32,7 +44,14 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC);
+    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC, [&] {
+        if (P.late_prime & 4) {
+            MatTile m[2];
+            int nb, k;
+            const int n = moe_router_tiles(L, m, nb, k);
+            gemv_prime_late(m, n, nb, k);
+        }
+    });
     const int E = P.experts, nl = router_tasks(E);
     const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -80,18 +99,6 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
         }
         trace_mark(tr, 36);
     }
-}
-
-/* The first (only) GEMV of this CTA in moe_router, for gemv_prime. */
-__device__ __forceinline__ int moe_router_tiles(const LayerDev &L, MatTile *m, int &NB, int &K)
-{
-    NB = 1;
-    K = HDC_D;
-    if (blockIdx.x >= MOE_I / 16)
-        return 0;
-    m[0] = mat_tile(L.sgate, 0, blockIdx.x * 16, sm_xb(), 1);
-    m[1] = mat_tile(L.sup, 0, blockIdx.x * 16, sm_xb(), 1);
-    return 2;
 }
 
 __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
