@@ -57,8 +57,8 @@ struct StepParams {
     int hsplit;               /* 4: each split's heads in four groups of 8,
                                * one CTA each (mla_attend_tc8); 1: one CTA
                                * a split */
-    int merge_ctas;           /* CTAs a head in the merge (mla_merge): 1,
-                               * 2 or 4 (HD_CUDA_MERGE_CTAS) */
+    int merge_ctas;           /* CTAs a head in the merge (mla_merge): 4,
+                               * or 1 or 2 (HD_CUDA_MERGE_CTAS) */
     /* scratch */
     const uint16_t *hin; /* the step's input: device scratch, or nullptr
                           * when it travels in hin_v (below) */

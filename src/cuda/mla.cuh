@@ -931,8 +931,8 @@ __device__ __noinline__ void mla_attend_tc8(const StepParams &P, const LayerDev 
  * the splits' weights exp(m_s - M) are computed once per split.  (Four
  * CTAs a head measured no faster in 2026-12-04's sixth session, 379.0
  * against 379.5 us at context 4096, when the statistics were read by
- * loops on every thread; now they save 3-4 us a step, and module.cu says
- * why one CTA a head is still the default.  W_v primed into the ring at
+ * loops on every thread; now they save 1-4 us a step and are the
+ * default, module.cu's HD_CUDA_MERGE_CTAS.  W_v primed into the ring at
  * the start, to stream while the splits are summed, measured 3 us slower:
  * the bulk copies delay the splits' loads; docs/PERF-CUDA.md.) */
 __device__ __noinline__ void mla_merge(const StepParams &P, const LayerDev &L, float *sm)
