@@ -393,15 +393,23 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
     /* the grid barrier that follows begins with __syncthreads */
 }
 
-/* gemv_prime inside a phase, once the phase's own small loads (its
- * vector) are in: the copies of its first GEMV's blocks then stream while
- * it finishes the vector (the norm, the B fragments) instead of after.
- * Not where the ring was primed before the grid barrier (P.prime). */
-__device__ __forceinline__ void gemv_prime_late(const MatTile *m, int nm, int NB, int K)
+/* gemv_prime inside a phase where on, once the phase's own small loads
+ * (its vector) are in: the copies of its first GEMV's blocks then stream
+ * while it finishes the vector (the norm, the B fragments) instead of
+ * after.  tiles(src, m, NB, K) names that GEMV's NM or fewer maps, as the
+ * phase calls it (kda_proj_tiles and the like).  Not where the ring was
+ * primed before the grid barrier (P.prime).  Every thread calls. */
+template <int NM, typename Src, typename Tiles>
+__device__ __forceinline__ void gemv_prime_late(int on, const Src &src, Tiles tiles)
 {
+    if (!on)
+        return;
+    MatTile m[NM];
+    int nb, k;
+    const int n = tiles(src, m, nb, k);
     if (ring_ctl().prm[0])
         return;
-    gemv_prime(m, nm, NB, K);
+    gemv_prime(m, n, nb, k);
 }
 
 /* At the start of a launch: no ring is primed (shared memory starts with

@@ -25,14 +25,8 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC, [&] {
-        if (P.late_prime & 1) {
-            MatTile m[4];
-            int nb, k;
-            const int n = kda_proj_tiles(L, m, nb, k);
-            gemv_prime_late(m, n, nb, k);
-        }
-    });
+    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC,
+                  [&] { gemv_prime_late<4>(P.late_prime & 1, L, kda_proj_tiles); });
     uint16_t *conv = P.conv[L.slot];
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 12);
@@ -202,14 +196,8 @@ __device__ __noinline__ void out_proj(const StepParams &P, const QMat &o, float 
     if (blockIdx.x >= HDC_D / 16)
         return;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    load_xs<HDC_A>(P.attn, xs, 1, [&] { /* bf16 values */
-        if (P.late_prime & 8) {
-            MatTile m[2];
-            int nb, k;
-            const int n = out_proj_tiles(o, m, nb, k);
-            gemv_prime_late(m, n, nb, k);
-        }
-    });
+    load_xs<HDC_A>(P.attn, xs, 1, /* bf16 values */
+                   [&] { gemv_prime_late<2>(P.late_prime & 8, o, out_proj_tiles); });
     trace_mark(tr, 34);
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < HDC_D / 16; t0 += 2 * gridDim.x) {

@@ -46,14 +46,8 @@ __device__ __noinline__ void mla_proj(const StepParams &P, const LayerDev &L, bo
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
     const int ntask = MLA_Q / 32 + MLA_KV / 32;
-    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC, [&] {
-        if (P.late_prime & 2) {
-            MatTile m[2];
-            int nb, k;
-            const int n = mla_proj_tiles(L, m, nb, k);
-            gemv_prime_late(m, n, nb, k);
-        }
-    });
+    layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC,
+                  [&] { gemv_prime_late<2>(P.late_prime & 2, L, mla_proj_tiles); });
     /* a CTA's tasks (one or two) in one GEMV */
     for (int t0 = blockIdx.x; t0 < ntask; t0 += 2 * gridDim.x) {
         const int nt = t0 + gridDim.x < ntask ? 2 : 1;

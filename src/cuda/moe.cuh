@@ -44,14 +44,8 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC, [&] {
-        if (P.late_prime & 4) {
-            MatTile m[2];
-            int nb, k;
-            const int n = moe_router_tiles(L, m, nb, k);
-            gemv_prime_late(m, n, nb, k);
-        }
-    });
+    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC,
+               [&] { gemv_prime_late<2>(P.late_prime & 4, L, moe_router_tiles); });
     const int E = P.experts, nl = router_tasks(E);
     const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
