@@ -233,7 +233,8 @@ for stage in "$@"; do
             n=${v%%:*} fl=${v#*:}
             (rm -rf /tmp/hd-var-$n && mkdir -p /tmp/hd-var-$n && cd /tmp/hd-var-$n &&
                 deps_configure "$srcdir" >"$OUT/var-$n-configure.log" 2>&1 &&
-                make -j4 hd-cuda.la NVCCFLAGS="${fl//+/ }" >"$OUT/var-$n-build.log" 2>&1) &
+                make -j4 hd-cuda.la NVCCFLAGS="${fl//+/ }" >"$OUT/var-$n-build.log" 2>&1 &&
+                echo "$sum" >/tmp/hd-var-$n/.tarball-md5) &
         done
         wait
         mods="ours:$b/.libs/hd-cuda.so"
@@ -253,11 +254,17 @@ for stage in "$@"; do
         alternate ${AB_ROUNDS:-2} abvar $mods
         ;;
     primedbg)
+        # (abvar with AB_VARS=dbg:-DHDC_PRIME_DEBUG builds the same module
+        # in the same place: kept when it is of this tarball)
         srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
-        (rm -rf /tmp/hd-var-dbg && mkdir -p /tmp/hd-var-dbg && cd /tmp/hd-var-dbg &&
-            deps_configure "$srcdir" >"$OUT/var-dbg-configure.log" 2>&1 &&
-            make -j16 hd-cuda.la NVCCFLAGS=-DHDC_PRIME_DEBUG >"$OUT/var-dbg-build.log" 2>&1) ||
-            { note "primedbg: build failed"; continue; }
+        if [ "$(cat /tmp/hd-var-dbg/.tarball-md5 2>/dev/null)" != "$sum" ] ||
+            [ ! -f /tmp/hd-var-dbg/.libs/hd-cuda.so ]; then
+            (rm -rf /tmp/hd-var-dbg && mkdir -p /tmp/hd-var-dbg && cd /tmp/hd-var-dbg &&
+                deps_configure "$srcdir" >"$OUT/var-dbg-configure.log" 2>&1 &&
+                make -j16 hd-cuda.la NVCCFLAGS=-DHDC_PRIME_DEBUG >"$OUT/var-dbg-build.log" 2>&1 &&
+                echo "$sum" >/tmp/hd-var-dbg/.tarball-md5) ||
+                { note "primedbg: build failed"; continue; }
+        fi
         for ev in HD_CUDA_LATE_PRIME=1 HD_CUDA_LATE_PRIME=4 HD_CUDA_LATE_PRIME=8 HD_CUDA_PRIME=1; do
             note "== $ev"
             env $ev HD_CUDA_MODULE=/tmp/hd-var-dbg/.libs/hd-cuda.so timeout 60 $run --backend cuda \
