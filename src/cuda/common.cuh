@@ -45,45 +45,6 @@ __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes)
                  : : "l"(p), "r"(bytes) : "memory");
 }
 
-/* The small weights every step reads again (the norms, the router, the
- * short convolutions, the betas: about 5.5 MB at E = 256) go to L2 with
- * evict_last where keep (P.keep, HD_CUDA_KEEP), so that the 240 MB of
- * int4 weights streaming through with evict_first do not push them out
- * between steps; else with evict_normal.  One policy register either
- * way, chosen at run time. */
-__device__ __forceinline__ unsigned long long keep_policy(int keep)
-{
-    unsigned long long pol;
-    if (keep)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-__device__ __forceinline__ uint16_t ld_keep(const uint16_t *p, unsigned long long pol)
-{
-    uint16_t v;
-    asm volatile("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-    return v;
-}
-
-__device__ __forceinline__ uint2 ld_keep(const uint2 *p, unsigned long long pol)
-{
-    uint2 v;
-    asm volatile("ld.global.nc.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;"
-                 : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-    return v;
-}
-
-__device__ __forceinline__ uint4 ld_keep(const uint4 *p, unsigned long long pol)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-    return v;
-}
-
 /* Values other CTAs wrote in this launch: bypass L1. */
 __device__ __forceinline__ float ldcg(const float *p) { return __ldcg(p); }
 
@@ -280,10 +241,9 @@ struct NoHook {
  * hook() (every thread) once this thread's h is in registers. */
 template <typename Hook = NoHook>
 __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
-                           const uint16_t *weight, int keep, float *xs, float *red,
+                           const uint16_t *weight, float *xs, float *red,
                            const Hook &hook = Hook())
 {
-    const unsigned long long pol = keep_policy(keep);
     constexpr int NV = (HDC_D + HDC_THREADS - 1) / HDC_THREADS;
     float v[NV], wn[NV];
     float ss = 0.0f;
@@ -291,7 +251,7 @@ __device__ void rmsnorm_xs(const float *h, const uint16_t *hin,
     for (int j = 0; j < NV; j++) { /* all loads in flight at once, the norm's too */
         int i = threadIdx.x + j * HDC_THREADS;
         v[j] = i < HDC_D ? (hin ? bf16f(hin[i]) : ldcg(h + i)) : 0.0f;
-        wn[j] = i < HDC_D ? bf16f(ld_keep(weight + i, pol)) : 0.0f;
+        wn[j] = i < HDC_D ? bf16f(__ldg(weight + i)) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < NV; j++)
@@ -324,7 +284,7 @@ __device__ __forceinline__ void layer_norm_in(const StepParams &P, const uint16_
                                               const Hook &hook = Hook())
 {
     const uint16_t *hin = P.hin ? P.hin : P.hin_v;
-    rmsnorm_xs(P.h, first ? hin : nullptr, weight, P.keep, xs, red, hook);
+    rmsnorm_xs(P.h, first ? hin : nullptr, weight, xs, red, hook);
     if (first && blockIdx.x == 0)
         for (int i = threadIdx.x; i < HDC_D; i += HDC_THREADS)
             P.h[i] = bf16f(hin[i]);

@@ -90,9 +90,6 @@ struct StepParams {
     int late_prime; /* bit 0 KDA, 1 MLA projections, 2 router, 3 o_proj:
                      * the phase's first weights stream into shared memory
                      * once its vector's loads are in (HD_CUDA_LATE_PRIME) */
-    int keep;      /* 1: the small weights read every step (norms, router,
-                    * convolutions, betas) are kept in L2 (evict_last)
-                    * between steps (HD_CUDA_KEEP) */
     int use_flags; /* 1: the delta rule waits for its head's projections and
                     * a down projection for its expert (flags), not for
                     * the whole grid (HD_CUDA_FLAGS=0: grid barriers) */

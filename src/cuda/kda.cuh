@@ -33,12 +33,11 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
     for (int task = blockIdx.x; task <= HDC_A / 32; task += gridDim.x) {
         if (task == HDC_A / 32) {
             int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-            const unsigned long long pol = keep_policy(P.keep);
             for (int hh = w; hh < 32; hh += HDC_WARPS) {
                 const uint16_t *b = L.beta + (size_t)hh * HDC_D;
                 float s = 0.0f;
                 for (int t = 0; t < HDC_D / 32; t++)
-                    s += xs[t * HDC_XS_STRIDE + lane] * bf16f(ld_keep(b + t * 32 + lane, pol));
+                    s += xs[t * HDC_XS_STRIDE + lane] * bf16f(b[t * 32 + lane]);
                 s = warp_sum(s);
                 if (lane == 0)
                     P.beta[hh] = 1.0f / (1.0f + expf(-bfr(s)));
@@ -57,8 +56,7 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
         uint2 cw = make_uint2(0u, 0u);
         uint16_t c0 = 0, c1 = 0, c2 = 0;
         if (threadIdx.x < 96) {
-            cw = ld_keep(reinterpret_cast<const uint2 *>(L.conv_w + ((size_t)j * HDC_A + n) * 4),
-                         keep_policy(P.keep));
+            cw = *reinterpret_cast<const uint2 *>(L.conv_w + ((size_t)j * HDC_A + n) * 4);
             c0 = c[n];
             c1 = c[HDC_A + n];
             c2 = c[2 * HDC_A + n];

@@ -320,13 +320,6 @@ static hd_status cuda_model_init(hd_model *model, char *err, size_t err_size)
 #define HDC_LATE_PRIME_DEFAULT 0
 #endif
         p.late_prime = env_int("HD_CUDA_LATE_PRIME", 0, 15, HDC_LATE_PRIME_DEFAULT);
-        /* HD_CUDA_KEEP=0|1: the small weights every step reads again
-         * (about 5.5 MB at E = 256) with evict_last, kept in L2 between
-         * steps, or evict_normal */
-#ifndef HDC_KEEP_DEFAULT
-#define HDC_KEEP_DEFAULT 0
-#endif
-        p.keep = env_int("HD_CUDA_KEEP", 0, 1, HDC_KEEP_DEFAULT);
         /* HD_CUDA_FLAGS=0 puts the grid barriers back where the delta rule
          * and the down projections wait for flags (measurements,
          * cross-checks) */

@@ -44,7 +44,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
-    rmsnorm_xs(P.h, nullptr, L.moe_norm, P.keep, xs, sm + SM_MISC,
+    rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC,
                [&] { gemv_prime_late<2>(P.late_prime & 4, L, moe_router_tiles); });
     const int E = P.experts, nl = router_tasks(E);
     const int ntask = MOE_I / 16 + nl;
@@ -69,12 +69,11 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
             const int e = e0 + w;
             if (e < e1) {
                 const uint4 *r = reinterpret_cast<const uint4 *>(L.router + (size_t)e * HDC_D);
-                const unsigned long long pol = keep_policy(P.keep);
                 float s = 0.0f;
 #pragma unroll
                 for (int i = 0; i < HDC_D / 256; i++) {
                     int t = lane + 32 * i; /* values 8t .. 8t + 7 */
-                    uint4 v = ld_keep(r + t, pol);
+                    uint4 v = __ldg(r + t);
                     const float *x = xs + ((8 * t) >> 5) * HDC_XS_STRIDE + ((8 * t) & 31);
                     float4 xa = *reinterpret_cast<const float4 *>(x);
                     float4 xb = *reinterpret_cast<const float4 *>(x + 4);
