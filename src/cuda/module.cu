@@ -548,17 +548,32 @@ static void print_phases(const hd_model *model, const StepParams *p,
         for (int b = 0; b < cm->grid; b++)
             if (tr[(size_t)b * HDC_TRACE_PTS] && tr[(size_t)b * HDC_TRACE_PTS] < t0)
                 t0 = tr[(size_t)b * HDC_TRACE_PTS];
-        fprintf(stderr, "trace (us from the first CTA at point 0: min med max):");
+        /* per point: the earliest, median and last CTA's times, how many
+         * CTAs reached it, which was last, and how many came more than
+         * 1 us after the median (a phase waits for its last CTA) */
+        fprintf(stderr, "trace (us from the first CTA at point 0: min med max (CTAs, the last, "
+                        "late by > 1 us)):");
         for (int id = 0; id < HDC_TRACE_PTS; id++) {
             std::vector<double> v;
+            int last = -1;
+            double tl = -1.0;
             for (int b = 0; b < cm->grid; b++)
-                if (tr[(size_t)b * HDC_TRACE_PTS + id] >= t0 && tr[(size_t)b * HDC_TRACE_PTS + id])
+                if (tr[(size_t)b * HDC_TRACE_PTS + id] >= t0 && tr[(size_t)b * HDC_TRACE_PTS + id]) {
                     v.push_back((double)(tr[(size_t)b * HDC_TRACE_PTS + id] - t0) * 1e-3);
+                    if (v.back() > tl) {
+                        tl = v.back();
+                        last = b;
+                    }
+                }
             if (v.empty())
                 continue;
             std::sort(v.begin(), v.end());
-            fprintf(stderr, " [%d] %.1f %.1f %.1f (%zu)", id, v.front(), v[v.size() / 2],
-                    v.back(), v.size());
+            const double med = v[v.size() / 2];
+            size_t late = 0;
+            for (double x : v)
+                late += x > med + 1.0;
+            fprintf(stderr, " [%d] %.1f %.1f %.1f (%zu, %d, %zu)", id, v.front(), med, v.back(),
+                    v.size(), last, late);
         }
         fprintf(stderr, "\n");
         cudaMemset(p->trace, 0, tr.size() * 8);
