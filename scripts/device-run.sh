@@ -10,7 +10,7 @@
 #     bench     our step time at E 256, contexts 0 / 4096 / 32768
 #     seed      the seed's Triton kernel, same contexts (CUDA events)
 #     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
-#               (HD_CUDA_TRACE=N for N in TRACE_CALLS), context 4096
+#               (HD_CUDA_TRACE=N for N in TRACE_CALLS; 0: no ring), context 4096
 #     prof      Nsight Compute warp sampling per SASS instruction, one step
 #     rcrepro   racecheck on scripts/racecheck-bulk.cu's ten ways of
 #               refilling a bulk-copy buffer (is a report the tool's?),
@@ -159,10 +159,11 @@ for stage in "$@"; do
         ;;
     trace)
         # HD_CUDA_TRACE=N: the ring events of CTA 5's N-th GEMV call
-        # (layer 0: 1 projections, 4 experts, 5 down), at context TRACE_CTX
-        # (4096 unless set)
+        # (layer 0: 1 projections, 3 router, 4 experts, 5 down), at context
+        # TRACE_CTX (4096 unless set); N = 0: the CTAs' points alone, CTA 5
+        # not slowed by recording the ring's events
         : >"$OUT/trace.log"
-        for n in ${TRACE_CALLS:-1 5}; do
+        for n in ${TRACE_CALLS:-0 1 5}; do
             HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda ${TRACE_CTX:-4096} \
                 >>"$OUT/trace.log" 2>&1
         done

@@ -654,8 +654,13 @@ static hd_status cuda_step(const hd_model *model, hd_state *state,
                                 cudaMemcpyHostToDevice, cm->stream);
     }
     if (e == cudaSuccess && p.trace && timed) {
-        /* HD_CUDA_TRACE=N: CTA 5's N-th GEMV call (1 when N is not a number) */
-        e = hdc_gemv_trace(nullptr, env_int("HD_CUDA_TRACE", 1, 1 << 20, 1));
+        /* HD_CUDA_TRACE=N: also the ring events of CTA 5's N-th GEMV call
+         * (1 when N is not a number).  N = 0: the CTAs' points alone
+         * (recording the ring's events makes CTA 5 the last CTA of
+         * several phases: docs/PERF-CUDA.md, twenty-fourth session) */
+        const int gn = env_int("HD_CUDA_TRACE", 0, 1 << 20, 1);
+        if (gn > 0)
+            e = hdc_gemv_trace(nullptr, gn);
     }
     if (e == cudaSuccess && timed)
         e = cudaEventRecord(ev[1], cm->stream);
