@@ -45,6 +45,18 @@ deps_configure() {
     "$src"/configure CPPFLAGS="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu" \
         LDFLAGS="-L$deps/usr/lib/x86_64-linux-gnu" "$@"
 }
+# the module of this tarball built with NVCCFLAGS $2 in /tmp/hd-var-$1
+# (make -j$3), unless that directory holds one of this tarball and these
+# flags already (abvar and primedbg share the dbg variant); logs
+# $OUT/var-$1-*.log
+build_variant() {
+    local d=/tmp/hd-var-$1
+    [ "$(cat $d/.tarball-md5 2>/dev/null)" = "$sum $2" ] && [ -f $d/.libs/hd-cuda.so ] && return 0
+    (rm -rf $d && mkdir -p $d && cd $d &&
+        deps_configure "$(ls -d /tmp/hd-src/hybrid-decode-*)" >"$OUT/var-$1-configure.log" 2>&1 &&
+        make -j$3 hd-cuda.la NVCCFLAGS="$2" >"$OUT/var-$1-build.log" 2>&1 &&
+        echo "$sum $2" >$d/.tarball-md5)
+}
 # bench_cuda's figures in log $1 as "context:median_us ..."
 bench_pairs() {
     grep -E '^bench' "$1" | sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' '
@@ -228,14 +240,10 @@ for stage in "$@"; do
         # (E 256, context 300: the same bits as ours expected), an E 16
         # check against the reference, and bench_cuda alternating with
         # ours, AB_ROUNDS (2) times, at the contexts AB_CTX
-        srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
         vars=${AB_VARS:-u4:-DGEMV_UNROLL=4 u1:-DGEMV_UNROLL=1}
         for v in $vars; do
-            n=${v%%:*} fl=${v#*:}
-            (rm -rf /tmp/hd-var-$n && mkdir -p /tmp/hd-var-$n && cd /tmp/hd-var-$n &&
-                deps_configure "$srcdir" >"$OUT/var-$n-configure.log" 2>&1 &&
-                make -j4 hd-cuda.la NVCCFLAGS="${fl//+/ }" >"$OUT/var-$n-build.log" 2>&1 &&
-                echo "$sum" >/tmp/hd-var-$n/.tarball-md5) &
+            fl=${v#*:}
+            build_variant "${v%%:*}" "${fl//+/ }" 4 &
         done
         wait
         mods="ours:$b/.libs/hd-cuda.so"
@@ -255,17 +263,7 @@ for stage in "$@"; do
         alternate ${AB_ROUNDS:-2} abvar $mods
         ;;
     primedbg)
-        # (abvar with AB_VARS=dbg:-DHDC_PRIME_DEBUG builds the same module
-        # in the same place: kept when it is of this tarball)
-        srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
-        if [ "$(cat /tmp/hd-var-dbg/.tarball-md5 2>/dev/null)" != "$sum" ] ||
-            [ ! -f /tmp/hd-var-dbg/.libs/hd-cuda.so ]; then
-            (rm -rf /tmp/hd-var-dbg && mkdir -p /tmp/hd-var-dbg && cd /tmp/hd-var-dbg &&
-                deps_configure "$srcdir" >"$OUT/var-dbg-configure.log" 2>&1 &&
-                make -j16 hd-cuda.la NVCCFLAGS=-DHDC_PRIME_DEBUG >"$OUT/var-dbg-build.log" 2>&1 &&
-                echo "$sum" >/tmp/hd-var-dbg/.tarball-md5) ||
-                { note "primedbg: build failed"; continue; }
-        fi
+        build_variant dbg -DHDC_PRIME_DEBUG 16 || { note "primedbg: build failed"; continue; }
         for ev in HD_CUDA_LATE_PRIME=1 HD_CUDA_LATE_PRIME=4 HD_CUDA_LATE_PRIME=8 HD_CUDA_PRIME=1; do
             note "== $ev"
             env $ev HD_CUDA_MODULE=/tmp/hd-var-dbg/.libs/hd-cuda.so timeout 60 $run --backend cuda \
