@@ -21,6 +21,8 @@
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
 #               from DRAM: the unit loop's unroll (GEMV_UNROLL), forced
 #               splits, bf16 and fp32 x, one-block calls
+#     abenv     settings of ours (AB_ENVS: name:VAR=value) against each
+#               other: checksums, a check, alternating bench_cuda
 #     primedbg  a module built with -DHDC_PRIME_DEBUG (gemv_run prints,
 #               on CTAs 0-2, whether a primed ring matched its call), run
 #               one step with HD_CUDA_LATE_PRIME=1, 4, 8 and HD_CUDA_PRIME=1
@@ -61,15 +63,18 @@ build_variant() {
 bench_pairs() {
     grep -E '^bench' "$1" | sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' '
 }
-# bench_cuda (E 256, 20 steps, the contexts AB_CTX) with each module of
-# "name:path ..." in turn, $1 rounds; logs $OUT/$2-name-round.log, and a
-# summary line "$2 name round: context:median_us ..."
+# bench_cuda (E 256, 20 steps, the contexts AB_CTX) with each of
+# "name:what ..." in turn, $1 rounds, where what is a module's path or
+# environment settings for ours (VAR=value, + joining several); logs
+# $OUT/$2-name-round.log, and a summary line "$2 name round: context:median_us ..."
 alternate() {
-    local rounds=$1 tag=$2 r m
+    local rounds=$1 tag=$2 r m mod envs
     shift 2
     for r in $(seq "$rounds"); do
         for m in "$@"; do
-            HD_CUDA_MODULE=${m#*:} LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
+            mod=${m#*:} envs=
+            case $mod in *=*) envs=${mod//+/ } mod=$b/.libs/hd-cuda.so ;; esac
+            env $envs HD_CUDA_MODULE=$mod LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
                 ${AB_CTX:-0 4096 32768} >"$OUT/$tag-${m%%:*}-$r.log" 2>&1
             note "$tag ${m%%:*} $r: $(bench_pairs "$OUT/$tag-${m%%:*}-$r.log")"
         done
@@ -261,6 +266,22 @@ for stage in "$@"; do
             note "variant ${m%%:*}: $cs check rc=$? $(tail -1 "$OUT/var-${m%%:*}-check.log")"
         done
         alternate ${AB_ROUNDS:-2} abvar $mods
+        ;;
+    abenv)
+        # settings of ours (AB_ENVS: name:VAR=value, + joining several):
+        # for each the checksum of 4 steps (E 256, context 300), an E 16
+        # check against the reference, then bench_cuda alternating between
+        # them, AB_ROUNDS (2) times, at the contexts AB_CTX
+        for v in ${AB_ENVS:?AB_ENVS names the settings}; do
+            ev=${v#*:}
+            env ${ev//+/ } timeout 120 $run --backend cuda --experts 256 --context 300 --steps 4 -q \
+                >"$OUT/env-${v%%:*}-run.log" 2>&1
+            cs=$(grep -o 'checksum=[0-9a-f]*' "$OUT/env-${v%%:*}-run.log")
+            env ${ev//+/ } timeout 120 $run --backend cuda --experts 16 --context 100 --steps 3 --check \
+                >"$OUT/env-${v%%:*}-check.log" 2>&1
+            note "setting ${v%%:*}: $cs check rc=$? $(tail -1 "$OUT/env-${v%%:*}-check.log")"
+        done
+        alternate ${AB_ROUNDS:-2} abenv $AB_ENVS
         ;;
     primedbg)
         build_variant dbg -DHDC_PRIME_DEBUG 16 || { note "primedbg: build failed"; continue; }
