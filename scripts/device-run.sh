@@ -59,6 +59,18 @@ build_variant() {
         make -j$3 hd-cuda.la NVCCFLAGS="$2" >"$OUT/var-$1-build.log" 2>&1 &&
         echo "$sum $2" >$d/.tarball-md5)
 }
+# hd-run with the environment settings $4 (VAR=value ...): the checksum
+# of 4 steps (E 256, context 300) and an E 16 check against the reference,
+# logged as $OUT/$1-$3-run.log and -check.log, summed up as "$2 $3: ..."
+run_checks() {
+    local cs
+    env $4 timeout 120 $run --backend cuda --experts 256 --context 300 --steps 4 -q \
+        >"$OUT/$1-$3-run.log" 2>&1
+    cs=$(grep -o 'checksum=[0-9a-f]*' "$OUT/$1-$3-run.log")
+    env $4 timeout 120 $run --backend cuda --experts 16 --context 100 --steps 3 --check \
+        >"$OUT/$1-$3-check.log" 2>&1
+    note "$2 $3: $cs check rc=$? $(tail -1 "$OUT/$1-$3-check.log")"
+}
 # bench_cuda's figures in log $1 as "context:median_us ..."
 bench_pairs() {
     grep -E '^bench' "$1" | sed -E 's/.*context=([0-9]+).*median_us=([0-9.]+).*/\1:\2/' | tr '\n' ' '
@@ -258,12 +270,7 @@ for stage in "$@"; do
             mods="$mods $n:/tmp/hd-var-$n/.libs/hd-cuda.so"
         done
         for m in $mods; do
-            HD_CUDA_MODULE=${m#*:} timeout 120 $run --backend cuda --experts 256 --context 300 --steps 4 -q \
-                >"$OUT/var-${m%%:*}-run.log" 2>&1
-            cs=$(grep -o 'checksum=[0-9a-f]*' "$OUT/var-${m%%:*}-run.log")
-            HD_CUDA_MODULE=${m#*:} timeout 120 $run --backend cuda --experts 16 --context 100 --steps 3 --check \
-                >"$OUT/var-${m%%:*}-check.log" 2>&1
-            note "variant ${m%%:*}: $cs check rc=$? $(tail -1 "$OUT/var-${m%%:*}-check.log")"
+            run_checks var variant "${m%%:*}" "HD_CUDA_MODULE=${m#*:}"
         done
         alternate ${AB_ROUNDS:-2} abvar $mods
         ;;
@@ -274,12 +281,7 @@ for stage in "$@"; do
         # them, AB_ROUNDS (2) times, at the contexts AB_CTX
         for v in ${AB_ENVS:?AB_ENVS names the settings}; do
             ev=${v#*:}
-            env ${ev//+/ } timeout 120 $run --backend cuda --experts 256 --context 300 --steps 4 -q \
-                >"$OUT/env-${v%%:*}-run.log" 2>&1
-            cs=$(grep -o 'checksum=[0-9a-f]*' "$OUT/env-${v%%:*}-run.log")
-            env ${ev//+/ } timeout 120 $run --backend cuda --experts 16 --context 100 --steps 3 --check \
-                >"$OUT/env-${v%%:*}-check.log" 2>&1
-            note "setting ${v%%:*}: $cs check rc=$? $(tail -1 "$OUT/env-${v%%:*}-check.log")"
+            run_checks env setting "${v%%:*}" "${ev//+/ }"
         done
         alternate ${AB_ROUNDS:-2} abenv $AB_ENVS
         ;;
