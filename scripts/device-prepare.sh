@@ -31,5 +31,6 @@ if [ -n "${BASE:-}" ]; then
 fi
 cp "$spec/seed_mega.py" "$dest/"
 cp "$src/scripts/seed_bench.py" "$src/scripts/device-run.sh" "$src/scripts/racecheck-bulk.cu" \
-    "$src/scripts/racecheck-gemv.cu" "$src/scripts/gemv-bench.cu" "$dest/"
+    "$src/scripts/racecheck-gemv.cu" "$src/scripts/gemv-bench.cu" \
+    "$src/scripts/barrier-bench.cu" "$dest/"
 ls -la "$dest" "$dest/debs"

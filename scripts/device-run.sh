@@ -21,6 +21,8 @@
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
 #               from DRAM: the unit loop's unroll (GEMV_UNROLL), forced
 #               splits, bf16 and fp32 x, one-block calls
+#     buildvar  build the module variants of AB_VARS only (for abenv)
+#     barbench  grid barrier with bulk copies in flight (barrier-bench.cu)
 #     abenv     settings of ours (AB_ENVS: name:VAR=value) against each
 #               other: checksums, a check, alternating bench_cuda
 #     primedbg  a module built with -DHDC_PRIME_DEBUG (gemv_run prints,
@@ -77,7 +79,9 @@ bench_pairs() {
 }
 # bench_cuda (E 256, 20 steps, the contexts AB_CTX) with each of
 # "name:what ..." in turn, $1 rounds, where what is a module's path or
-# environment settings for ours (VAR=value, + joining several); logs
+# environment settings for ours (VAR=value, + joining several; a setting
+# HD_CUDA_MODULE=path there runs that module instead, such as a variant
+# that the buildvar stage made, /tmp/hd-var-NAME/.libs/hd-cuda.so); logs
 # $OUT/$2-name-round.log, and a summary line "$2 name round: context:median_us ..."
 alternate() {
     local rounds=$1 tag=$2 r m mod envs
@@ -86,7 +90,7 @@ alternate() {
         for m in "$@"; do
             mod=${m#*:} envs=
             case $mod in *=*) envs=${mod//+/ } mod=$b/.libs/hd-cuda.so ;; esac
-            env $envs HD_CUDA_MODULE=$mod LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
+            env HD_CUDA_MODULE=$mod $envs LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 20 cuda \
                 ${AB_CTX:-0 4096 32768} >"$OUT/$tag-${m%%:*}-$r.log" 2>&1
             note "$tag ${m%%:*} $r: $(bench_pairs "$OUT/$tag-${m%%:*}-$r.log")"
         done
@@ -273,6 +277,26 @@ for stage in "$@"; do
             run_checks var variant "${m%%:*}" "HD_CUDA_MODULE=${m#*:}"
         done
         alternate ${AB_ROUNDS:-2} abvar $mods
+        ;;
+    buildvar)
+        # the module variants of AB_VARS (name:flags, + for a space) built
+        # into /tmp/hd-var-NAME, for abenv settings that name them
+        for v in ${AB_VARS:?AB_VARS names the variants}; do
+            fl=${v#*:}
+            (build_variant "${v%%:*}" "${fl//+/ }" 6 || note "variant ${v%%:*}: build failed") &
+        done
+        wait
+        ;;
+    barbench)
+        # does the grid barrier's release wait for bulk copies in flight
+        # (scripts/barrier-bench.cu)?  Modes 0-5, 1 and 5 blocks of 20 KB
+        nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/barbench "$here/barrier-bench.cu" \
+            >"$OUT/barbench.log" 2>&1 || { note "barbench: build failed"; continue; }
+        for nb in 1 5; do
+            for m in 0 1 2 3 4 5; do
+                timeout 60 /tmp/barbench $m $nb 2000 2>&1 | tee -a "$OUT/barbench.log" "$summary"
+            done
+        done
         ;;
     abenv)
         # settings of ours (AB_ENVS: name:VAR=value, + joining several):

@@ -116,6 +116,19 @@ constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
 #define GEMV_TILE_OFF (GEMV_BAR_OFF + 2 * GEMV_RING_SLOTS * 8)
 #define GEMV_MAXMAPS 9
 #define GEMV_SEQ_OFF (GEMV_TILE_OFF + GEMV_MAXMAPS * 48)
+/* The first thread of those that issue a call's first blocks (gemv_setup):
+ * 0, or 32 for a variant that keeps them off thread 0. */
+#ifndef HDC_ISSUE_BASE
+#define HDC_ISSUE_BASE 0
+#endif
+static_assert(HDC_ISSUE_BASE >= 0 && HDC_ISSUE_BASE + GEMV_RING_SLOTS <= HDC_THREADS,
+              "issuing threads");
+/* The blocks that gemv_prime issues before the grid barrier (at most the
+ * call's ns); gemv_run issues the rest of its first ns.  All by default. */
+#ifndef HDC_PRIME_BLOCKS
+#define HDC_PRIME_BLOCKS GEMV_RING_SLOTS
+#endif
+static_assert(HDC_PRIME_BLOCKS >= 1 && HDC_PRIME_BLOCKS <= GEMV_RING_SLOTS, "primed blocks");
 static_assert(sizeof(MatTile) <= 48, "tile size");
 static_assert(GEMV_SEQ_OFF + (3 * GEMV_RING_SLOTS + 4) * 4 <= HDC_SMEM_BYTES, "smem map");
 
@@ -338,8 +351,10 @@ __device__ __forceinline__ RingCtl ring_ctl()
 /* Set the ring up for a call (every thread calls; ends with
  * __syncthreads): the tiles into shared memory (for the issuers; the
  * caller's array is in local memory), the "empty" barriers and the
- * counters, and the first ns blocks issued. */
-__device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
+ * counters, and the first min(ns, first) blocks issued (gemv_run issues
+ * the rest of the first ns where gemv_prime issued fewer). */
+__device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K,
+                                        int first = GEMV_RING_SLOTS)
 {
     const int NJB = nm * NB, KU = K / 64;
     const RingCtl c = ring_ctl();
@@ -355,16 +370,21 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K)
      * small, critical loads.) */
     if (threadIdx.x < nm)
         tl[threadIdx.x] = m[threadIdx.x];
-    /* thread i < ns sets slot i up and issues its first block (one thread
-     * issuing all of them made the other 511 wait that much longer) */
-    const int i = threadIdx.x;
-    if (i < ns) {
+    /* thread HDC_ISSUE_BASE + i, i < ns, sets slot i up and issues its
+     * first block (one thread issuing all of them made the other 511 wait
+     * that much longer).  HDC_ISSUE_BASE 32 keeps the copies off thread 0,
+     * whose release at the grid barrier (grid_sync) follows a primed
+     * ring's issue: scripts/barrier-bench.cu asks whether that release
+     * waits for the issuing thread's copies. */
+    const int i = (int)threadIdx.x - HDC_ISSUE_BASE;
+    const bool issuer = HDC_ISSUE_BASE == 0 ? i < ns : i >= 0 && i < ns;
+    if (issuer) {
         mbar_init(empty + i * 8, (unsigned)S * 32u);
         cnt[i] = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
     }
     __syncthreads();
-    if (i < ns) {
+    if (issuer && i < first) {
         /* bytes other phases wrote with ordinary stores (ordered by the
          * barrier above) before the async proxy's writes */
         asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
@@ -382,10 +402,10 @@ __device__ __forceinline__ void gemv_prime(const MatTile *m, int nm, int NB, int
 {
     if (nm == 0)
         return;
-    gemv_setup(m, nm, NB, K);
+    gemv_setup(m, nm, NB, K, HDC_PRIME_BLOCKS);
     if (threadIdx.x == 0) {
         int *prm = ring_ctl().prm;
-        prm[0] = 1;
+        prm[0] = HDC_PRIME_BLOCKS; /* the blocks issued, at most */
         prm[1] = nm;
         prm[2] = NB;
         prm[3] = K;
@@ -477,7 +497,8 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
      * (gemv_prime), or is set up now */
     {
         int *prm = c.prm;
-        bool same = prm[0] && prm[1] == nm && prm[2] == NB && prm[3] == K;
+        const int primed = prm[0]; /* read before thread 0 clears it */
+        bool same = primed && prm[1] == nm && prm[2] == NB && prm[3] == K;
         for (int j = 0; same && j < nm; j++)
             same = tl[j].w == m[j].w && tl[j].sz == m[j].sz && tl[j].n0 == m[j].n0 &&
                    tl[j].xb == m[j].xb && tl[j].xl == m[j].xl;
@@ -498,8 +519,10 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             uint32_t sb;
             const int pns = ring_slots(prm[3], prm[1] * prm[2], sb);
             for (int i = 0; i < pns; i++) {
-                mbar_wait(full + i * 8, (uint32_t)c.fph[i] & 1u);
-                c.fph[i]++;
+                if (i < primed) { /* the slots whose blocks it issued */
+                    mbar_wait(full + i * 8, (uint32_t)c.fph[i] & 1u);
+                    c.fph[i]++;
+                }
                 mbar_inval(empty + i * 8);
             }
         }
@@ -508,6 +531,16 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
             prm[0] = 0;
         if (!same)
             gemv_setup(m, nm, NB, K);
+        else if (HDC_PRIME_BLOCKS < GEMV_RING_SLOTS && primed < ns) {
+            /* gemv_prime issued the first `primed` blocks: the others of
+             * the first ns now, as gemv_setup would have */
+            const int i = (int)threadIdx.x - HDC_ISSUE_BASE;
+            if (i >= primed && i < ns) {
+                asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+                ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);
+            }
+            __syncthreads(); /* seq[] of those blocks */
+        }
     }
 
 
