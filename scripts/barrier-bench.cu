@@ -16,6 +16,9 @@
  *   5  thread 0 issues, waits after; thread 0's barrier arrival is a
  *      relaxed red with no fence at all (wrong as a barrier: a control,
  *      to see what the release itself costs)
+ *   6  the release first: thread 0's fence.acq_rel.gpu once the stores
+ *      are done, then thread 32 issues, then thread 0's relaxed red (the
+ *      same ordering of the stores as 0-4, the copies left out of it)
  * If 1 is about 3 and 2 about max(0, the copies alone), the release waits
  * for the issuing thread's copies.
  *
@@ -69,7 +72,7 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
 {
     extern __shared__ __align__(128) unsigned char sm[];
     const uint32_t dst = saddr(sm + 64), mb = saddr(sm);
-    const int issuer = (mode == 2 || mode == 4) ? 32 : 0;
+    const int issuer = (mode == 2 || mode == 4 || mode == 6) ? 32 : 0;
     unsigned target = 0;
     unsigned long long t_bar = 0, t_wait = 0, t0 = 0;
     if (threadIdx.x == 0) {
@@ -84,6 +87,12 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
         if (threadIdx.x < 128)
             out[((size_t)it * gridDim.x + blockIdx.x) % (1u << 20) * 128 + threadIdx.x] =
                 (float)it;
+        if (mode == 6) {
+            __syncthreads();
+            if (threadIdx.x == 0)
+                asm volatile("fence.acq_rel.gpu;" : : : "memory");
+            __syncthreads();
+        }
         if (mode != 0 && threadIdx.x == issuer) {
             const size_t off = ((size_t)it * gridDim.x + blockIdx.x) * nb * CHUNK % BUF_BYTES;
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -103,7 +112,7 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
             if (mode == 4) {
                 asm volatile("fence.acq_rel.gpu;" : : : "memory");
                 asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
-            } else if (mode == 5) {
+            } else if (mode == 5 || mode == 6) {
                 asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
             } else {
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
@@ -135,7 +144,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int mode = atoi(argv[1]), nb = atoi(argv[2]), iters = argc > 3 ? atoi(argv[3]) : 2000;
-    if (mode < 0 || mode > 5 || nb < 1 || nb > 5 || iters < 1) {
+    if (mode < 0 || mode > 6 || nb < 1 || nb > 5 || iters < 1) {
         fprintf(stderr, "bad arguments\n");
         return 2;
     }

@@ -289,11 +289,12 @@ for stage in "$@"; do
         ;;
     barbench)
         # does the grid barrier's release wait for bulk copies in flight
-        # (scripts/barrier-bench.cu)?  Modes 0-5, 1 and 5 blocks of 20 KB
+        # (scripts/barrier-bench.cu)?  Modes BAR_MODES (0-6), 1 and 5
+        # blocks of 20 KB
         nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/barbench "$here/barrier-bench.cu" \
             >"$OUT/barbench.log" 2>&1 || { note "barbench: build failed"; continue; }
         for nb in 1 5; do
-            for m in 0 1 2 3 4 5; do
+            for m in ${BAR_MODES:-0 1 2 3 4 5 6}; do
                 timeout 60 /tmp/barbench $m $nb 2000 2>&1 | tee -a "$OUT/barbench.log" "$summary"
             done
         done

@@ -77,12 +77,20 @@ __device__ __forceinline__ unsigned grid_base(const unsigned *bar)
     return threadIdx.x == 0 ? ld_acquire(bar + 1) : 0u;
 }
 
-__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target)
+/* relaxed: thread 0 already made the CTA's writes visible (prime_fence in
+ * mega.cu: a fence.acq_rel.gpu after them, so that the release does not
+ * also wait for the bulk copies issued since), and arrives with a relaxed
+ * add; the fence and the add form the release pattern of the PTX memory
+ * model. */
+__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target, bool relaxed = false)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
         target += gridDim.x;
-        red_release_add(bar, 1u);
+        if (relaxed)
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
+        else
+            red_release_add(bar, 1u);
         while ((int)(ld_acquire(bar) - target) < 0)
             ;
     }

@@ -41,8 +41,40 @@ __device__ __noinline__ void prime_phase(const LayerDev &L, int what, const floa
  * wait behind the bulk copies.) */
 #define PRIME(layer, what)                                                               \
     do {                                                                                 \
-        if ((P.prime >> (what)) & 1)                                                     \
+        if ((P.prime >> (what)) & 1) {                                                   \
+            fenced = prime_fence();                                                      \
             prime_phase(layer, what, sm);                                                \
+        }                                                                                \
+    } while (0)
+
+/* HDC_PRIME_FENCE_FIRST (a build switch, off by default): a primer makes
+ * its phase's writes visible before it issues the copies (thread 0's
+ * fence.acq_rel.gpu between two __syncthreads), and the grid barrier that
+ * follows arrives with a relaxed add.  scripts/barrier-bench.cu measured
+ * on an H100 that a barrier's release waits for every bulk copy in flight
+ * on the SM, whichever thread issued it (2.7 MB a round in flight: a
+ * barrier of 1.86 us against 0.97; 13.5 MB: 5.2 us), so that a primed
+ * ring's copies landed before the grid went on instead of during the
+ * wait.  Returns whether the next barrier may be relaxed. */
+__device__ __forceinline__ bool prime_fence()
+{
+#ifdef HDC_PRIME_FENCE_FIRST
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("fence.acq_rel.gpu;" : : : "memory");
+    __syncthreads();
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* The grid barrier of hd_mega: relaxed right after a primer's
+ * prime_fence, where nothing was written since. */
+#define GRID_SYNC()                                                                      \
+    do {                                                                                 \
+        grid_sync(P.bar, gt, fenced);                                                    \
+        fenced = false;                                                                  \
     } while (0)
 
 #ifndef HDC_PF_THREAD
@@ -54,7 +86,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     int mark = 0;
-    bool traced_m = false;
+    bool traced_m = false, fenced = false;
     unsigned gt = grid_base(P.bar); /* the grid barrier's target (thread 0) */
     gemv_reset();
     __syncthreads();
@@ -85,7 +117,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             kda_proj(P, L, first, sm);
             trace_mark(tr, 1);
             if (!P.use_flags) /* else delta waits for its head's flags */
-                grid_sync(P.bar, gt);
+                GRID_SYNC();
             trace_mark(tr, 2);
             phase_mark(P.timers, mark);
             if (pf)
@@ -93,7 +125,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             kda_delta(P, L, sm);
             PRIME(L, PR_OPROJ_K);
             trace_mark(tr, 3);
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
             trace_mark(tr, 4);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[4], sm, tr);
@@ -107,14 +139,14 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             trace_mark(tm, 20);
             mla_proj(P, L, first, sm);
             trace_mark(tm, 21);
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
             trace_mark(tm, 22);
             phase_mark(P.timers, mark);
             if (pf)
                 out_proj_prefetch(L.p[3]);
             mla_absorb(P, L, sm);
             trace_mark(tm, 23);
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
             trace_mark(tm, 24);
             phase_mark(P.timers, mark);
             if (pf)
@@ -126,32 +158,33 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             else
                 mla_attend_tc(P, L, sm, tm);
             trace_mark(tm, 27);
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
             trace_mark(tm, 28);
             phase_mark(P.timers, mark);
             mla_merge(P, L, sm);
             PRIME(L, PR_OPROJ_M);
             trace_mark(tm, 29);
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
             trace_mark(tm, 30);
             phase_mark(P.timers, mark);
             out_proj(P, L.p[3], sm, nullptr);
         }
         PRIME(L, PR_ROUTER);
         trace_mark(tr, 5);
-        grid_sync(P.bar, gt);
+        GRID_SYNC();
         trace_mark(tr, 6);
         phase_mark(P.timers, mark);
         moe_router(P, L, sm);
         trace_mark(tr, 7);
-        grid_sync(P.bar, gt);
+        GRID_SYNC();
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);
         PRIME(L, PR_DOWN);
         trace_mark(tr, 9);
         if (!P.use_flags) /* else each down map waits for its expert's flag */
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
+        fenced = false; /* moe_down writes before the next barrier */
         trace_mark(tr, 10);
         phase_mark(P.timers, mark);
         if (pf && !last) {
@@ -170,7 +203,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         }
         trace_mark(tr, 11);
         if (!last)
-            grid_sync(P.bar, gt);
+            GRID_SYNC();
         phase_mark(P.timers, mark);
     }
     grid_exit(P.bar, gt);
