@@ -116,13 +116,6 @@ constexpr int kGemvUnroll = GEMV_UNROLL; /* (#pragma unroll takes no macro) */
 #define GEMV_TILE_OFF (GEMV_BAR_OFF + 2 * GEMV_RING_SLOTS * 8)
 #define GEMV_MAXMAPS 9
 #define GEMV_SEQ_OFF (GEMV_TILE_OFF + GEMV_MAXMAPS * 48)
-/* The first thread of those that issue a call's first blocks (gemv_setup):
- * 0, or 32 for a variant that keeps them off thread 0. */
-#ifndef HDC_ISSUE_BASE
-#define HDC_ISSUE_BASE 0
-#endif
-static_assert(HDC_ISSUE_BASE >= 0 && HDC_ISSUE_BASE + GEMV_RING_SLOTS <= HDC_THREADS,
-              "issuing threads");
 /* The blocks that gemv_prime issues before the grid barrier (at most the
  * call's ns); gemv_run issues the rest of its first ns.  All by default. */
 #ifndef HDC_PRIME_BLOCKS
@@ -370,21 +363,16 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K,
      * small, critical loads.) */
     if (threadIdx.x < nm)
         tl[threadIdx.x] = m[threadIdx.x];
-    /* thread HDC_ISSUE_BASE + i, i < ns, sets slot i up and issues its
-     * first block (one thread issuing all of them made the other 511 wait
-     * that much longer).  HDC_ISSUE_BASE 32 keeps the copies off thread 0,
-     * whose release at the grid barrier (grid_sync) follows a primed
-     * ring's issue: scripts/barrier-bench.cu asks whether that release
-     * waits for the issuing thread's copies. */
-    const int i = (int)threadIdx.x - HDC_ISSUE_BASE;
-    const bool issuer = HDC_ISSUE_BASE == 0 ? i < ns : i >= 0 && i < ns;
-    if (issuer) {
+    /* thread i < ns sets slot i up and issues its first block (one thread
+     * issuing all of them made the other 511 wait that much longer) */
+    const int i = threadIdx.x;
+    if (i < ns) {
         mbar_init(empty + i * 8, (unsigned)S * 32u);
         cnt[i] = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
     }
     __syncthreads();
-    if (issuer && i < first) {
+    if (i < ns && i < first) {
         /* bytes other phases wrote with ordinary stores (ordered by the
          * barrier above) before the async proxy's writes */
         asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
@@ -534,7 +522,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
         else if (HDC_PRIME_BLOCKS < GEMV_RING_SLOTS && primed < ns) {
             /* gemv_prime issued the first `primed` blocks: the others of
              * the first ns now, as gemv_setup would have */
-            const int i = (int)threadIdx.x - HDC_ISSUE_BASE;
+            const int i = threadIdx.x;
             if (i >= primed && i < ns) {
                 asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
                 ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);

@@ -77,10 +77,6 @@ __device__ __forceinline__ bool prime_fence()
         fenced = false;                                                                  \
     } while (0)
 
-#ifndef HDC_PF_THREAD
-#define HDC_PF_THREAD 0
-#endif
-
 __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
 {
     extern __shared__ float4 smem4[];
@@ -90,12 +86,10 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
     unsigned gt = grid_base(P.bar); /* the grid barrier's target (thread 0) */
     gemv_reset();
     __syncthreads();
-    /* Thread HDC_PF_THREAD (0 unless a variant moves it off the thread
-     * that arrives at the grid barriers) of each CTA asks L2 for the bytes
-     * of this CTA's next phases as soon as they are known, so that DRAM
-     * streams while the current phase computes and waits at its
-     * barrier. */
-    const bool pf = P.prefetch && threadIdx.x == HDC_PF_THREAD;
+    /* Thread 0 of each CTA asks L2 for the bytes of this CTA's next phases
+     * as soon as they are known, so that DRAM streams while the current
+     * phase computes and waits at its barrier. */
+    const bool pf = P.prefetch && threadIdx.x == 0;
     phase_mark(P.timers, mark);
     if (pf) {
         if (P.layers[0].kind == 'K')
