@@ -30,8 +30,9 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cuda_runtime.h>
+#include "gemv.cuh" /* the module's mbarrier wait and acquire load */
 
-#define THREADS 512
+#define THREADS HDC_THREADS
 #define CHUNK (20 * 1024)
 #define SMEM (5 * CHUNK + 64)
 #define BUF_BYTES (2ull << 30)
@@ -43,35 +44,12 @@ __device__ __forceinline__ unsigned long long now()
     return t;
 }
 
-__device__ __forceinline__ uint32_t saddr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __global__ void __launch_bounds__(THREADS, 1)
 bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
       unsigned long long *res)
 {
     extern __shared__ __align__(128) unsigned char sm[];
-    const uint32_t dst = saddr(sm + 64), mb = saddr(sm);
+    const uint32_t dst = smem_addr(sm + 64), mb = smem_addr(sm);
     const int issuer = (mode == 2 || mode == 4 || mode == 6) ? 32 : 0;
     unsigned target = 0;
     unsigned long long t_bar = 0, t_wait = 0, t0 = 0;

@@ -291,7 +291,8 @@ for stage in "$@"; do
         # does the grid barrier's release wait for bulk copies in flight
         # (scripts/barrier-bench.cu)?  Modes BAR_MODES (0-6), 1 and 5
         # blocks of 20 KB
-        nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/barbench "$here/barrier-bench.cu" \
+        nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a \
+            -I"$(ls -d /tmp/hd-src/hybrid-decode-*)/src/cuda" -o /tmp/barbench "$here/barrier-bench.cu" \
             >"$OUT/barbench.log" 2>&1 || { note "barbench: build failed"; continue; }
         for nb in 1 5; do
             for m in ${BAR_MODES:-0 1 2 3 4 5 6}; do
