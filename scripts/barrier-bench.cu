@@ -30,7 +30,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cuda_runtime.h>
-#include "gemv.cuh" /* the module's mbarrier wait and acquire load */
+#include "gemv.cuh" /* the module's mbarrier and barrier primitives */
 
 #define THREADS HDC_THREADS
 #define CHUNK (20 * 1024)
@@ -54,7 +54,7 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
     unsigned target = 0;
     unsigned long long t_bar = 0, t_wait = 0, t0 = 0;
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(mb) : "memory");
+        mbar_init(mb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
     }
     __syncthreads();
@@ -73,8 +73,7 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
         }
         if (mode != 0 && threadIdx.x == issuer) {
             const size_t off = ((size_t)it * gridDim.x + blockIdx.x) * nb * CHUNK % BUF_BYTES;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                         : : "r"(mb), "r"((uint32_t)(nb * CHUNK)) : "memory");
+            mbar_expect_tx(mb, (uint32_t)(nb * CHUNK));
             for (int j = 0; j < nb; j++)
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                              " [%0], [%1], %2, [%3];"
@@ -87,14 +86,12 @@ bench(int mode, int nb, int iters, const char *buf, unsigned *bar, float *out,
         if (threadIdx.x == 0) {
             const unsigned long long a = now();
             target += gridDim.x;
-            if (mode == 4) {
+            if (mode == 4)
                 asm volatile("fence.acq_rel.gpu;" : : : "memory");
-                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
-            } else if (mode == 5 || mode == 6) {
-                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
-            } else {
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
-            }
+            if (mode >= 4)
+                red_relaxed_add(bar, 1u);
+            else
+                red_release_add(bar, 1u);
             while ((int)(ld_acquire(bar) - target) < 0)
                 ;
             t_bar += now() - a;

@@ -72,6 +72,12 @@ __device__ __forceinline__ void red_release_add(unsigned *p, unsigned v)
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 
+/* The same add, relaxed: a release only where a fence came before it. */
+__device__ __forceinline__ void red_relaxed_add(unsigned *p, unsigned v)
+{
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ unsigned grid_base(const unsigned *bar)
 {
     return threadIdx.x == 0 ? ld_acquire(bar + 1) : 0u;
@@ -88,7 +94,7 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target, bool 
     if (threadIdx.x == 0) {
         target += gridDim.x;
         if (relaxed)
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" : : "l"(bar) : "memory");
+            red_relaxed_add(bar, 1u);
         else
             red_release_add(bar, 1u);
         while ((int)(ld_acquire(bar) - target) < 0)

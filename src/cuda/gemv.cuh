@@ -302,6 +302,24 @@ __device__ __forceinline__ void ring_put(const MatTile *tl, int b, int NB, int K
     ring_issue(tl[j], (tl[j].n0 >> 4) + b % NB, KU, ring + sl * slot_bytes, full + sl * 8, pol);
 }
 
+/* Thread i in [lo, hi) issues block i of a call into slot i: the first
+ * blocks, after the slots were set up (gemv_setup), or the rest of them
+ * after a prime that issued fewer (gemv_run).  The caller's __syncthreads
+ * that follows publishes seq[]. */
+__device__ __forceinline__ void ring_put_first(const MatTile *tl, int lo, int hi, int NB, int KU,
+                                               uint32_t ring, uint32_t slot_bytes,
+                                               uint32_t full, volatile int *seq,
+                                               unsigned long long pol)
+{
+    const int i = threadIdx.x;
+    if (i >= lo && i < hi) {
+        /* bytes other phases wrote with ordinary stores (ordered by the
+         * caller's barrier) before the async proxy's writes */
+        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+        ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);
+    }
+}
+
 /* Where the ring's parts lie in shared memory: the slots, their "full" and
  * "empty" mbarriers (shared-window addresses), the call's tiles (for the
  * issuers), the block each slot holds or awaits (seq), the warps done with
@@ -372,12 +390,7 @@ __device__ __noinline__ void gemv_setup(const MatTile *m, int nm, int NB, int K,
         asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
     }
     __syncthreads();
-    if (i < ns && i < first) {
-        /* bytes other phases wrote with ordinary stores (ordered by the
-         * barrier above) before the async proxy's writes */
-        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-        ring_put(tl, i, NB, KU, c.ring, slot_bytes, full, c.seq, i, pol);
-    }
+    ring_put_first(tl, 0, min(ns, first), NB, KU, c.ring, slot_bytes, full, c.seq, pol);
     __syncthreads(); /* seq[] of the first blocks */
 }
 
@@ -522,11 +535,7 @@ __device__ __noinline__ void gemv_run(const MatTile *m, int nm, int NB, int K,
         else if (HDC_PRIME_BLOCKS < GEMV_RING_SLOTS && primed < ns) {
             /* gemv_prime issued the first `primed` blocks: the others of
              * the first ns now, as gemv_setup would have */
-            const int i = threadIdx.x;
-            if (i >= primed && i < ns) {
-                asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-                ring_put(tl, i, NB, KU, ring, slot_bytes, full, seq, i, pol);
-            }
+            ring_put_first(tl, primed, ns, NB, KU, ring, slot_bytes, full, seq, pol);
             __syncthreads(); /* seq[] of those blocks */
         }
     }
