@@ -10,7 +10,8 @@
 #     bench     our step time at E 256, contexts 0 / 4096 / 32768
 #     seed      the seed's Triton kernel, same contexts (CUDA events)
 #     trace     per-CTA trace of layer 0 and the GEMV ring of CTA 5
-#               (HD_CUDA_TRACE=N for N in TRACE_CALLS; 0: no ring), context 4096
+#               (HD_CUDA_TRACE=N for N in TRACE_CALLS; 0: no ring), context 4096,
+#               with each setting of TRACE_ENVS
 #     prof      Nsight Compute warp sampling per SASS instruction, one step
 #     rcrepro   racecheck on scripts/racecheck-bulk.cu's ten ways of
 #               refilling a bulk-copy buffer (is a report the tool's?),
@@ -195,12 +196,18 @@ for stage in "$@"; do
         # (layer 0: 1 projections, 3 router, 4 experts, 5 down), at context
         # TRACE_CTX (4096 unless set); N = 0: the CTAs' points alone, CTA 5
         # not slowed by recording the ring's events
+        # TRACE_ENVS (name:VAR=value, + joining several; "main:" unless
+        # set): the same with each setting, e.g. a variant's module
         : >"$OUT/trace.log"
-        for n in ${TRACE_CALLS:-0 1 5}; do
-            HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 $b/tests/.libs/bench_cuda 256 5 cuda ${TRACE_CTX:-4096} \
-                >>"$OUT/trace.log" 2>&1
+        for te in ${TRACE_ENVS:-main:}; do
+            tev=${te#*:}
+            for n in ${TRACE_CALLS:-0 1 5}; do
+                echo "== trace ${te%%:*} HD_CUDA_TRACE=$n" >>"$OUT/trace.log"
+                env ${tev//+/ } HD_CUDA_TRACE=$n LD_LIBRARY_PATH=$ld_b timeout 60 \
+                    $b/tests/.libs/bench_cuda 256 5 cuda ${TRACE_CTX:-4096} >>"$OUT/trace.log" 2>&1
+            done
         done
-        grep -E "^bench|^phases|^trace|^gemv" "$OUT/trace.log"
+        grep -E "^== trace|^bench|^phases|^trace|^gemv" "$OUT/trace.log"
         ;;
     prof)
         # Nsight Compute on one step (E 256, context 4096): warp-state

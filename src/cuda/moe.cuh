@@ -44,8 +44,19 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 {
     float *xs = sm + SM_XS, *red = sm + SM_RED, *out = sm + SM_OUT;
     const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
+#ifdef HDC_ICACHE_PROBE
+    /* (a measurement switch) the norm twice, the second time on the code
+     * the first fetched: trace point 61 between the two */
+#pragma unroll 1
+    for (int rep = 0; rep < 2; rep++) {
+        if (rep)
+            trace_mark(&L == &P.layers[0] ? P.trace : nullptr, 61);
+#endif
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC,
                [&] { gemv_prime_late<2>(P.late_prime & 4, L, moe_router_tiles); });
+#ifdef HDC_ICACHE_PROBE
+    }
+#endif
     const int E = P.experts, nl = router_tasks(E);
     const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -254,6 +265,12 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     trace_mark(tr, 15);
     top8(P, sel, wt, red);
     trace_mark(tr, 16);
+#ifdef HDC_ICACHE_PROBE
+    /* (a measurement switch) the top-8 once more, its code now fetched:
+     * trace point 60 after it; the same logits give the same choice */
+    top8(P, sel, wt, red);
+    trace_mark(tr, 60);
+#endif
     if (blockIdx.x == 0 && threadIdx.x < 8) {
         P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
         P.route[8 + threadIdx.x] = wt[threadIdx.x];
