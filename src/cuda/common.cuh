@@ -118,6 +118,18 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target, bool 
 #define HDC_FL_BETA 32
 #define HDC_FL_EXPERT 40
 #define HDC_FL_COUNT 48
+/* HDC_ROUTER_FLAG (a build switch, off): the experts phase waits for the
+ * router's logit tasks (HDC_FL_LOGITS) and the shared expert's down map
+ * for its gate/up tasks (HDC_FL_SHARED) instead of a grid barrier.  The
+ * two are not among the HDC_FL_COUNT that moe_router sets back to 0 (it
+ * runs while they count); each layer's output projection does (mega.cu). */
+#define HDC_FL_LOGITS 48
+#define HDC_FL_SHARED 49
+#ifdef HDC_ROUTER_FLAG
+#define HDC_ROUTER_FLAGS 1
+#else
+#define HDC_ROUTER_FLAGS 0
+#endif
 
 __device__ __forceinline__ void flag_signal(unsigned *flag)
 {

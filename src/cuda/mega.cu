@@ -77,6 +77,16 @@ __device__ __forceinline__ bool prime_fence()
         fenced = false;                                                                  \
     } while (0)
 
+/* HDC_ROUTER_FLAG: the router's two flags back to 0, in the output
+ * projection's phase: the grid barrier ahead of it follows their last
+ * consumers (the previous layer's phases X and D, behind the barrier after
+ * D), the one after it precedes their producers (phase R). */
+__device__ __forceinline__ void router_flags_reset(const StepParams &P)
+{
+    if (HDC_ROUTER_FLAGS && blockIdx.x == 0 && threadIdx.x < 2)
+        P.flags[HDC_FL_LOGITS + threadIdx.x] = 0u;
+}
+
 __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant__ StepParams P)
 {
     extern __shared__ float4 smem4[];
@@ -122,6 +132,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             GRID_SYNC();
             trace_mark(tr, 4);
             phase_mark(P.timers, mark);
+            router_flags_reset(P);
             out_proj(P, L.p[4], sm, tr);
         } else {
             if (pf)
@@ -161,6 +172,7 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
             GRID_SYNC();
             trace_mark(tm, 30);
             phase_mark(P.timers, mark);
+            router_flags_reset(P);
             out_proj(P, L.p[3], sm, nullptr);
         }
         PRIME(L, PR_ROUTER);
@@ -170,7 +182,8 @@ __global__ void __launch_bounds__(HDC_THREADS, 1) hd_mega(const __grid_constant_
         phase_mark(P.timers, mark);
         moe_router(P, L, sm);
         trace_mark(tr, 7);
-        GRID_SYNC();
+        if (!(HDC_ROUTER_FLAGS && P.use_flags)) /* else phase X waits for the logits' flag */
+            GRID_SYNC();
         trace_mark(tr, 8);
         phase_mark(P.timers, mark);
         moe_experts(P, L, sm);

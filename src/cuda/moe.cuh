@@ -102,6 +102,8 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
                     P.logits[e] = bfr(s);
             }
         }
+        if (HDC_ROUTER_FLAGS && P.use_flags)
+            flag_signal(P.flags + (task < MOE_I / 16 ? HDC_FL_SHARED : HDC_FL_LOGITS));
         trace_mark(tr, 36);
     }
 }
@@ -263,6 +265,10 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
      * writes there. */
     unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
     trace_mark(tr, 15);
+    /* every task of phase R wrote its logits (every CTA had one, after
+     * its RMSNorm of h: see moe_down) */
+    if (HDC_ROUTER_FLAGS && P.use_flags)
+        flag_wait(P.flags + HDC_FL_LOGITS, (unsigned)router_tasks(P.experts));
     top8(P, sel, wt, red);
     trace_mark(tr, 16);
 #ifdef HDC_ICACHE_PROBE
@@ -386,6 +392,8 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
          * gate/up tasks (the shared expert's f is from phase R) */
         if (P.use_flags && j < 8)
             flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_I / 32);
+        else if (HDC_ROUTER_FLAGS && P.use_flags)
+            flag_wait(P.flags + HDC_FL_SHARED, MOE_I / 16);
         load_xs<MOE_I>(P.ff + j * MOE_I, xs, 3); /* fp32 values */
         trace_mark(tr, 18);
         for (int c0 = b0; c0 < b1; c0 += 16) {
