@@ -22,7 +22,8 @@
 #     gemvbench the GEMV alone (scripts/gemv-bench.cu) on every SM, weights
 #               from DRAM: the unit loop's unroll (GEMV_UNROLL), forced
 #               splits, bf16 and fp32 x, one-block calls
-#     buildvar  build the module variants of AB_VARS only (for abenv)
+#     buildvar  build the module variants of AB_VARS only (for abenv), begun
+#               beside our own build when the tarball is new
 #     barbench  grid barrier with bulk copies in flight (barrier-bench.cu)
 #     abenv     settings of ours (AB_ENVS: name:VAR=value) against each
 #               other: checksums, a check, alternating bench_cuda
@@ -119,6 +120,17 @@ fi
 if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     rm -rf /tmp/hd-src && mkdir -p /tmp/hd-src && tar xzf "$here"/hybrid-decode-*.tar.gz -C /tmp/hd-src
     srcdir=$(ls -d /tmp/hd-src/hybrid-decode-*)
+    # With buildvar among the stages, AB_VARS's variants build beside
+    # ours (the module's mega.cu is the long pole of each build, so a
+    # call with variants takes about one build's time instead of two)
+    case " $* " in
+    *" buildvar "*)
+        for v in ${AB_VARS:-}; do
+            fl=${v#*:}
+            (build_variant "${v%%:*}" "${fl//+/ }" 4 || note "variant ${v%%:*}: build failed") &
+        done
+        ;;
+    esac
     mkdir -p $b && cd $b
     deps_configure "$srcdir" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
     grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
@@ -287,7 +299,10 @@ for stage in "$@"; do
         ;;
     buildvar)
         # the module variants of AB_VARS (name:flags, + for a space) built
-        # into /tmp/hd-var-NAME, for abenv settings that name them
+        # into /tmp/hd-var-NAME, for abenv settings that name them: those
+        # that began beside our build are waited for; build_variant skips
+        # a variant already built from this tarball with these flags
+        wait
         for v in ${AB_VARS:?AB_VARS names the variants}; do
             fl=${v#*:}
             (build_variant "${v%%:*}" "${fl//+/ }" 6 || note "variant ${v%%:*}: build failed") &
