@@ -63,6 +63,15 @@ build_variant() {
         make -j$3 hd-cuda.la NVCCFLAGS="$2" >"$OUT/var-$1-build.log" 2>&1 &&
         echo "$sum $2" >$d/.tarball-md5)
 }
+# build_variant for each of AB_VARS (name:NVCCFLAGS, + for a space) in
+# the background, make -j$1 each
+start_variants() {
+    local v fl
+    for v in ${AB_VARS:-}; do
+        fl=${v#*:}
+        (build_variant "${v%%:*}" "${fl//+/ }" $1 || note "variant ${v%%:*}: build failed") &
+    done
+}
 # hd-run with the environment settings $4 (VAR=value ...): the checksum
 # of 4 steps (E 256, context 300) and an E 16 check against the reference,
 # logged as $OUT/$1-$3-run.log and -check.log, summed up as "$2 $3: ..."
@@ -123,14 +132,7 @@ if [ ! -x $b/tools/.libs/hd-run ] && [ ! -x $b/tools/hd-run ]; then
     # With buildvar among the stages, AB_VARS's variants build beside
     # ours (the module's mega.cu is the long pole of each build, so a
     # call with variants takes about one build's time instead of two)
-    case " $* " in
-    *" buildvar "*)
-        for v in ${AB_VARS:-}; do
-            fl=${v#*:}
-            (build_variant "${v%%:*}" "${fl//+/ }" 4 || note "variant ${v%%:*}: build failed") &
-        done
-        ;;
-    esac
+    case " $* " in *" buildvar "*) start_variants 4 ;; esac
     mkdir -p $b && cd $b
     deps_configure "$srcdir" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
     grep -A14 "hybrid-decode 0" "$OUT/configure.log" | grep -i "cuda\|check"
@@ -302,11 +304,9 @@ for stage in "$@"; do
         # into /tmp/hd-var-NAME, for abenv settings that name them: those
         # that began beside our build are waited for; build_variant skips
         # a variant already built from this tarball with these flags
+        : "${AB_VARS:?AB_VARS names the variants}"
         wait
-        for v in ${AB_VARS:?AB_VARS names the variants}; do
-            fl=${v#*:}
-            (build_variant "${v%%:*}" "${fl//+/ }" 6 || note "variant ${v%%:*}: build failed") &
-        done
+        start_variants 6
         wait
         ;;
     barbench)

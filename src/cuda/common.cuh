@@ -340,6 +340,12 @@ __device__ void load_xs(const float *src, float *xs, int parts, const Hook &hook
     xs_finish(xs, N, parts);
 }
 
+/* The trace's buffer in layer 0, where HD_CUDA_TRACE records; else none. */
+__device__ __forceinline__ unsigned long long *layer_trace(const StepParams &P, const LayerDev &L)
+{
+    return &L == &P.layers[0] ? P.trace : nullptr;
+}
+
 /* HD_CUDA_TRACE: every CTA's time at point id of layer 0 (thread 0). */
 __device__ __forceinline__ void trace_mark(unsigned long long *tr, int id)
 {

@@ -28,7 +28,7 @@ __device__ __noinline__ void kda_proj(const StepParams &P, const LayerDev &L, bo
     layer_norm_in(P, L.attn_norm, first, xs, sm + SM_MISC,
                   [&] { gemv_prime_late<4>(P.late_prime & 1, L, kda_proj_tiles); });
     uint16_t *conv = P.conv[L.slot];
-    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    unsigned long long *tr = layer_trace(P, L);
     trace_mark(tr, 12);
     for (int task = blockIdx.x; task <= HDC_A / 32; task += gridDim.x) {
         if (task == HDC_A / 32) {

@@ -50,7 +50,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 #pragma unroll 1
     for (int rep = 0; rep < 2; rep++) {
         if (rep)
-            trace_mark(&L == &P.layers[0] ? P.trace : nullptr, 61);
+            trace_mark(layer_trace(P, L), 61);
 #endif
     rmsnorm_xs(P.h, nullptr, L.moe_norm, xs, sm + SM_MISC,
                [&] { gemv_prime_late<2>(P.late_prime & 4, L, moe_router_tiles); });
@@ -60,7 +60,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     const int E = P.experts, nl = router_tasks(E);
     const int ntask = MOE_I / 16 + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    unsigned long long *tr = layer_trace(P, L);
     /* the flags back to 0: their consumers of this layer (the delta rule)
      * and of the last (the down projections) are behind a grid barrier,
      * their next producers (phase X, the next projections) ahead of one */
@@ -263,10 +263,11 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     /* x = norm(h) is still in shared memory (xs and its B fragments at
      * SM_XB) from phase R: h has not changed since, and nothing in between
      * writes there. */
-    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    unsigned long long *tr = layer_trace(P, L);
     trace_mark(tr, 15);
-    /* every task of phase R wrote its logits (every CTA had one, after
-     * its RMSNorm of h: see moe_down) */
+    /* HDC_ROUTER_FLAG: every logit task of phase R is done (in place of
+     * the grid barrier; h still changes only after every CTA's RMSNorm,
+     * since the down phase waits for all 256 gate/up tasks) */
     if (HDC_ROUTER_FLAGS && P.use_flags)
         flag_wait(P.flags + HDC_FL_LOGITS, (unsigned)router_tasks(P.experts));
     top8(P, sel, wt, red);
@@ -379,7 +380,7 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     constexpr int NBK = HDC_D / 16;
     int u0, u1;
     down_range(u0, u1);
-    unsigned long long *tr = &L == &P.layers[0] ? P.trace : nullptr;
+    unsigned long long *tr = layer_trace(P, L);
     /* The choice of phase X: every CTA ran top8 there, and nothing since
      * wrote these bytes.  (Every thread reading P.route instead put 34 k
      * requests on one L2 line: 9 us a layer, Nsight Compute 2026-12-03.) */
@@ -389,7 +390,8 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
         const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
         /* without a grid barrier after phase X: routed expert j's 32
-         * gate/up tasks (the shared expert's f is from phase R) */
+         * gate/up tasks (the shared expert's f is from phase R, waited for
+         * here only under HDC_ROUTER_FLAG) */
         if (P.use_flags && j < 8)
             flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_I / 32);
         else if (HDC_ROUTER_FLAGS && P.use_flags)
