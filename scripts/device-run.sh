@@ -145,13 +145,21 @@ export HD_CUDA_MODULE=$b/.libs/hd-cuda.so
 run=$b/tools/hd-run
 ld_b="$b/.libs:$LD_LIBRARY_PATH"
 
+# CHECK_MODULE=path: check, golden and sanitize run that module (a
+# variant that buildvar made, /tmp/hd-var-NAME/.libs/hd-cuda.so), not ours
+check_env=()
+if [ -n "${CHECK_MODULE:-}" ]; then
+    check_env=(HD_CUDA_TESTS_ENV="HD_CUDA_MODULE=$CHECK_MODULE; export HD_CUDA_MODULE;")
+    note "check, golden, sanitize: module $CHECK_MODULE"
+fi
 for stage in "$@"; do
     t0=$(date +%s)
     case $stage in
     check)
         # The other suites passed here before; the CUDA suite is the one
         # that needs this machine.
-        timeout 400 make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" >"$OUT/check.log" 2>&1
+        timeout 400 make -j16 check TESTS="${CHECK_TESTS:-tests/test_cuda}" "${check_env[@]}" \
+            >"$OUT/check.log" 2>&1
         rc=$?
         cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
         grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
@@ -167,17 +175,20 @@ for stage in "$@"; do
         # the short form of check: test_cuda's golden case (golden A and B,
         # determinism, import/export, non-finite input) and one E 256 run
         # against the reference
-        CK_RUN_CASE=golden timeout 300 make -j16 check TESTS=tests/test_cuda >"$OUT/check.log" 2>&1
+        CK_RUN_CASE=golden timeout 300 make -j16 check TESTS=tests/test_cuda "${check_env[@]}" \
+            >"$OUT/check.log" 2>&1
         rc=$?
         cp tests/test_cuda.log "$OUT/test_cuda.log" 2>/dev/null
         grep -E "^(PASS|FAIL|SKIP|ERROR):" "$OUT/check.log" | tee -a "$summary"
         grep -E "golden .: output max|Checks|:F:|:E:" tests/test_cuda.log | tail -12 | tee -a "$summary"
         note "golden rc=$rc"
-        timeout 120 $run --backend cuda --experts 256 --context 100 --steps 2 --check 2>&1 | tail -3 | tee -a "$summary"
+        env ${CHECK_MODULE:+HD_CUDA_MODULE=$CHECK_MODULE} timeout 120 $run --backend cuda --experts 256 \
+            --context 100 --steps 2 --check 2>&1 | tail -3 | tee -a "$summary"
         ;;
     sanitize)
         for tool in memcheck racecheck; do
-            LD_LIBRARY_PATH=$ld_b timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+            env ${CHECK_MODULE:+HD_CUDA_MODULE=$CHECK_MODULE} LD_LIBRARY_PATH=$ld_b \
+                timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
                 $b/tools/.libs/hd-run --backend cuda --experts 16 --context 40 --steps 2 -q \
                 >"$OUT/sanitize-$tool.log" 2>&1
             note "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | head -2 | tr '\n' ' ')"

@@ -117,7 +117,11 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target, bool 
 #define HDC_FL_HEAD 0
 #define HDC_FL_BETA 32
 #define HDC_FL_EXPERT 40
+#ifdef HDC_SHARED_IN_X
+#define HDC_FL_COUNT 49 /* and HDC_FL_EXPERT + 8: the shared expert (moe.cuh) */
+#else
 #define HDC_FL_COUNT 48
+#endif
 /* HDC_ROUTER_FLAG (a build switch, off): the experts phase waits for the
  * router's logit tasks (HDC_FL_LOGITS) and the shared expert's down map
  * for its gate/up tasks (HDC_FL_SHARED) instead of a grid barrier.  The
@@ -131,11 +135,11 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned &target, bool 
 #define HDC_ROUTER_FLAGS 0
 #endif
 
-__device__ __forceinline__ void flag_signal(unsigned *flag)
+__device__ __forceinline__ void flag_signal(unsigned *flag, unsigned n = 1u)
 {
     __syncthreads();
     if (threadIdx.x == 0)
-        red_release_add(flag, 1u);
+        red_release_add(flag, n);
 }
 
 /* Until flag reaches count (and flag2 count2, if given).  Every thread

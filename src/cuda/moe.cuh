@@ -8,13 +8,32 @@
 
 #define MOE_I 1024
 
+/* HDC_SHARED_IN_X (a build switch, off): the shared expert's gate/up go
+ * from phase R to phase X, where the 9 experts' columns are split over
+ * the CTAs like the down phase's (moe_x_range), so that phase R reads
+ * only the router's logits on every CTA.  (In phase R, the 64 CTAs of
+ * the shared expert's tiles end 4.5 us after the others, whose logits
+ * are 17 KB each: the trace of 2026-12-07, an H100.) */
+#ifdef HDC_SHARED_IN_X
+#if HDC_ROUTER_FLAGS
+#error "HDC_SHARED_IN_X and HDC_ROUTER_FLAG share flag 48"
+#endif
+#define MOE_R_SHARED 0               /* phase R's shared-expert tasks */
+#define MOE_X_MAPS 9                 /* the experts whose gate/up phase X computes */
+#define MOE_X_DONE (MOE_I / 16)      /* a flag's count: 16-column units */
+#else
+#define MOE_R_SHARED (MOE_I / 16)
+#define MOE_X_MAPS 8
+#define MOE_X_DONE (MOE_I / 32)      /* a flag's count: tasks of 32 columns */
+#endif
+
 /* The router logits' tasks: the CTAs the shared expert leaves free, at
  * most 16 experts (one a warp) a task.  (16 experts a task on 16 CTAs
  * made those CTAs read 74 KB each while the others read 41 KB or
  * nothing: the phase waited 4 us for them, device call 3 of 2026-12-03.) */
 __device__ __forceinline__ int router_tasks(int E)
 {
-    const int n = (E + HDC_WARPS - 1) / HDC_WARPS, free = (int)gridDim.x - MOE_I / 16;
+    const int n = (E + HDC_WARPS - 1) / HDC_WARPS, free = (int)gridDim.x - MOE_R_SHARED;
     return n > free ? n : free;
 }
 
@@ -30,8 +49,12 @@ __device__ __forceinline__ int moe_router_tiles(const LayerDev &L, MatTile *m, i
 {
     NB = 1;
     K = HDC_D;
-    if (blockIdx.x >= MOE_I / 16)
+#if MOE_R_SHARED == 0
+    return 0;
+#else
+    if (blockIdx.x >= MOE_R_SHARED)
         return 0;
+#endif
     m[0] = mat_tile(L.sgate, 0, blockIdx.x * 16, sm_xb(), 1);
     m[1] = mat_tile(L.sup, 0, blockIdx.x * 16, sm_xb(), 1);
     return 2;
@@ -58,7 +81,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
     }
 #endif
     const int E = P.experts, nl = router_tasks(E);
-    const int ntask = MOE_I / 16 + nl;
+    const int ntask = MOE_R_SHARED + nl;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     unsigned long long *tr = layer_trace(P, L);
     /* the flags back to 0: their consumers of this layer (the delta rule)
@@ -68,7 +91,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
         P.flags[threadIdx.x] = 0u;
     trace_mark(tr, 14);
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
-        if (task < MOE_I / 16) {
+        if (task < MOE_R_SHARED) {
             int n0 = task * 16;
             MatTile m[2] = {mat_tile(L.sgate, 0, n0, xb, 1), mat_tile(L.sup, 0, n0, xb, 1)};
             gemv_tile<16, 2, HDC_D>(m, red, out);
@@ -76,7 +99,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
                 P.ff[8 * MOE_I + n0 + threadIdx.x] = silu(out[threadIdx.x]) * out[16 + threadIdx.x];
         } else {
             int e0, e1;
-            router_range(task - MOE_I / 16, E, nl, e0, e1);
+            router_range(task - MOE_R_SHARED, E, nl, e0, e1);
             const int e = e0 + w;
             if (e < e1) {
                 const uint4 *r = reinterpret_cast<const uint4 *>(L.router + (size_t)e * HDC_D);
@@ -103,7 +126,7 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
             }
         }
         if (HDC_ROUTER_FLAGS && P.use_flags)
-            flag_signal(P.flags + (task < MOE_I / 16 ? HDC_FL_SHARED : HDC_FL_LOGITS));
+            flag_signal(P.flags + (task < MOE_R_SHARED ? HDC_FL_SHARED : HDC_FL_LOGITS));
         trace_mark(tr, 36);
     }
 }
@@ -111,14 +134,14 @@ __device__ __noinline__ void moe_router(const StepParams &P, const LayerDev &L, 
 __device__ void moe_router_prefetch(const StepParams &P, const LayerDev &L)
 {
     const int E = P.experts, nl = router_tasks(E);
-    const int ntask = MOE_I / 16 + nl;
+    const int ntask = MOE_R_SHARED + nl;
     for (int task = blockIdx.x; task < ntask; task += gridDim.x) {
-        if (task < MOE_I / 16) {
+        if (task < MOE_R_SHARED) {
             prefetch_cols(L.sgate, 0, task * 16, 16);
             prefetch_cols(L.sup, 0, task * 16, 16);
         } else {
             int e0, e1;
-            router_range(task - MOE_I / 16, E, nl, e0, e1);
+            router_range(task - MOE_R_SHARED, E, nl, e0, e1);
             if (e1 > e0)
                 l2_prefetch(L.router + (size_t)e0 * HDC_D, (uint32_t)(e1 - e0) * HDC_D * 2);
         }
@@ -252,6 +275,91 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
     __syncthreads();
 }
 
+/* This CTA's range of 9 x nbk units (9 maps of nbk units each: the down
+ * phase's 144 units of 16 columns; phase X's 64 under HDC_SHARED_IN_X).
+ * With at least 9 CTAs, map j gets CTAs [9 j / grid .. 9 (j + 1) / grid)
+ * (14 or 15 of 132) and each of them one run of its columns, so that no
+ * CTA pays a second map's vector, B fragments and ring fill (the 8 that
+ * straddled two maps in an even split of all units ended 4-5 us after
+ * the median one; device call 3 of 2026-12-03). */
+__device__ __forceinline__ void map_range(int nbk, int &u0, int &u1)
+{
+    const int NU = 9 * nbk;
+    const unsigned G = gridDim.x, b = blockIdx.x;
+    if (G < 9) {
+        u0 = (int)(b * NU / G);
+        u1 = (int)((b + 1) * NU / G);
+        return;
+    }
+    int j = 0;
+    while (j < 8 && (unsigned)(j + 1) * G / 9 <= b)
+        j++;
+    const unsigned c0 = (unsigned)j * G / 9, n = (unsigned)(j + 1) * G / 9 - c0;
+    u0 = j * nbk + (int)((b - c0) * nbk / n);
+    u1 = j * nbk + (int)((b - c0 + 1) * nbk / n);
+}
+
+/* The down phase's range (see moe_down). */
+__device__ __forceinline__ void down_range(int &u0, int &u1)
+{
+    map_range(HDC_D / 16, u0, u1);
+}
+
+#ifdef HDC_SHARED_IN_X
+/* Phase X under HDC_SHARED_IN_X: the 9 experts' f_j (the shared one last)
+ * as 9 x 64 units of 16 columns, this CTA's run of them (map_range).  A
+ * CTA whose run is all the shared expert's needs no choice for its tiles:
+ * it runs the top-8 (which phase D reads) after them, off the phase's
+ * critical path. */
+__device__ __noinline__ void moe_experts_units(const StepParams &P, const LayerDev &L, float *sm,
+                                  unsigned long long *tr)
+{
+    constexpr int NBX = MOE_I / 16;
+    float *red = sm + SM_RED, *out = sm + SM_OUT;
+    int *sel = reinterpret_cast<int *>(sm + SM_SEL);
+    float *wt = sm + SM_WT;
+    const uint2 *xb = reinterpret_cast<const uint2 *>(sm + SM_XB);
+    int u0, u1;
+    map_range(NBX, u0, u1);
+    const bool shared_only = u0 >= 8 * NBX;
+    if (!shared_only)
+        top8(P, sel, wt, red);
+    trace_mark(tr, 16);
+    if (P.prefetch && threadIdx.x == 0 && !shared_only)
+        for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
+            for (int j = 0; j < 8; j++)
+                prefetch_cols(L.down, sel[j], task * 16, 16);
+            prefetch_cols(L.sdown, 0, task * 16, 16);
+        }
+    for (int j = u0 / NBX; j < 9 && j * NBX < u1; j++) {
+        const int b0 = max(u0 - j * NBX, 0), b1 = min(u1 - j * NBX, NBX);
+        for (int c0 = b0; c0 < b1; c0 += 8) { /* red holds 2 maps x 8 blocks */
+            const int nb = min(8, b1 - c0);
+            MatTile m[2] = {j < 8 ? mat_tile(L.gate, sel[j], c0 * 16, xb, 1)
+                                  : mat_tile(L.sgate, 0, c0 * 16, xb, 1),
+                            j < 8 ? mat_tile(L.up, sel[j], c0 * 16, xb, 1)
+                                  : mat_tile(L.sup, 0, c0 * 16, xb, 1)};
+            trace_mark(tr, 37);
+            gemv_run(m, 2, nb, HDC_D, red, out);
+            if (threadIdx.x < nb * 16)
+                P.ff[j * MOE_I + c0 * 16 + threadIdx.x] =
+                    silu(out[threadIdx.x]) * out[nb * 16 + threadIdx.x];
+            if (P.use_flags)
+                flag_signal(P.flags + HDC_FL_EXPERT + j, (unsigned)nb);
+            trace_mark(tr, 17);
+        }
+    }
+    if (shared_only) {
+        __syncthreads(); /* out's last readers, before top8's stage (red) */
+        top8(P, sel, wt, red);
+    }
+    if (blockIdx.x == 0 && threadIdx.x < 8) {
+        P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
+        P.route[8 + threadIdx.x] = wt[threadIdx.x];
+    }
+}
+#endif
+
 /* Phase X: the 8 routed experts' f_j = silu(x gate_j) * (x up_j): 8 x 32
  * tiles.  CTA 0 publishes the choice for phase D. */
 __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L, float *sm)
@@ -270,6 +378,10 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
      * since the down phase waits for all 256 gate/up tasks) */
     if (HDC_ROUTER_FLAGS && P.use_flags)
         flag_wait(P.flags + HDC_FL_LOGITS, (unsigned)router_tasks(P.experts));
+#ifdef HDC_SHARED_IN_X
+    moe_experts_units(P, L, sm, tr);
+    return;
+#endif
     top8(P, sel, wt, red);
     trace_mark(tr, 16);
 #ifdef HDC_ICACHE_PROBE
@@ -321,29 +433,6 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     }
 }
 
-/* This CTA's range of the down phase's 9 x 144 units (see moe_down).
- * With at least 9 CTAs, map j gets CTAs [9 j / grid .. 9 (j + 1) / grid)
- * (14 or 15 of 132) and each of them one run of its columns, so that no
- * CTA pays a second map's vector, B fragments and ring fill (the 8 that
- * straddled two maps in an even split of all units ended 4-5 us after
- * the median one; device call 3 of 2026-12-03). */
-__device__ __forceinline__ void down_range(int &u0, int &u1)
-{
-    constexpr int NBK = HDC_D / 16, NU = 9 * NBK;
-    const unsigned G = gridDim.x, b = blockIdx.x;
-    if (G < 9) {
-        u0 = (int)(b * NU / G);
-        u1 = (int)((b + 1) * NU / G);
-        return;
-    }
-    int j = 0;
-    while (j < 8 && (unsigned)(j + 1) * G / 9 <= b)
-        j++;
-    const unsigned c0 = (unsigned)j * G / 9, n = (unsigned)(j + 1) * G / 9 - c0;
-    u0 = j * NBK + (int)((b - c0) * NBK / n);
-    u1 = j * NBK + (int)((b - c0 + 1) * NBK / n);
-}
-
 /* The first GEMV of this CTA in moe_down (sel: the chosen experts), for
  * gemv_prime at the end of moe_experts. */
 __device__ __forceinline__ int moe_down_tiles(const LayerDev &L, const int *sel, MatTile *m,
@@ -392,8 +481,8 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
         /* without a grid barrier after phase X: routed expert j's 32
          * gate/up tasks (the shared expert's f is from phase R, waited for
          * here only under HDC_ROUTER_FLAG) */
-        if (P.use_flags && j < 8)
-            flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_I / 32);
+        if (P.use_flags && j < MOE_X_MAPS)
+            flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_X_DONE);
         else if (HDC_ROUTER_FLAGS && P.use_flags)
             flag_wait(P.flags + HDC_FL_SHARED, MOE_I / 16);
         load_xs<MOE_I>(P.ff + j * MOE_I, xs, 3); /* fp32 values */
