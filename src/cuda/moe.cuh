@@ -10,7 +10,7 @@
 
 /* HDC_SHARED_IN_X (a build switch, off): the shared expert's gate/up go
  * from phase R to phase X, where the 9 experts' columns are split over
- * the CTAs like the down phase's (moe_x_range), so that phase R reads
+ * the CTAs like the down phase's (map_range), so that phase R reads
  * only the router's logits on every CTA.  (In phase R, the 64 CTAs of
  * the shared expert's tiles end 4.5 us after the others, whose logits
  * are 17 KB each: the trace of 2026-12-07, an H100.) */
@@ -275,6 +275,27 @@ __device__ __noinline__ void top8(const StepParams &P, int *sel, float *wt,
     __syncthreads();
 }
 
+/* CTA 0 publishes the top-8 choice (P.route: the experts, then their
+ * weights) for the host. */
+__device__ __forceinline__ void route_publish(const StepParams &P, const int *sel, const float *wt)
+{
+    if (blockIdx.x == 0 && threadIdx.x < 8) {
+        P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
+        P.route[8 + threadIdx.x] = wt[threadIdx.x];
+    }
+}
+
+/* The down projections' columns of this CTA's tasks into L2 (the caller's
+ * thread, with P.prefetch). */
+__device__ __forceinline__ void down_prefetch(const LayerDev &L, const int *sel)
+{
+    for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
+        for (int j = 0; j < 8; j++)
+            prefetch_cols(L.down, sel[j], task * 16, 16);
+        prefetch_cols(L.sdown, 0, task * 16, 16);
+    }
+}
+
 /* This CTA's range of 9 x nbk units (9 maps of nbk units each: the down
  * phase's 144 units of 16 columns; phase X's 64 under HDC_SHARED_IN_X).
  * With at least 9 CTAs, map j gets CTAs [9 j / grid .. 9 (j + 1) / grid)
@@ -326,11 +347,7 @@ __device__ __noinline__ void moe_experts_units(const StepParams &P, const LayerD
         top8(P, sel, wt, red);
     trace_mark(tr, 16);
     if (P.prefetch && threadIdx.x == 0 && !shared_only)
-        for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
-            for (int j = 0; j < 8; j++)
-                prefetch_cols(L.down, sel[j], task * 16, 16);
-            prefetch_cols(L.sdown, 0, task * 16, 16);
-        }
+        down_prefetch(L, sel);
     for (int j = u0 / NBX; j < 9 && j * NBX < u1; j++) {
         const int b0 = max(u0 - j * NBX, 0), b1 = min(u1 - j * NBX, NBX);
         for (int c0 = b0; c0 < b1; c0 += 8) { /* red holds 2 maps x 8 blocks */
@@ -349,14 +366,9 @@ __device__ __noinline__ void moe_experts_units(const StepParams &P, const LayerD
             trace_mark(tr, 17);
         }
     }
-    if (shared_only) {
-        __syncthreads(); /* out's last readers, before top8's stage (red) */
+    if (shared_only) /* gemv_run's last readers of red met at its end */
         top8(P, sel, wt, red);
-    }
-    if (blockIdx.x == 0 && threadIdx.x < 8) {
-        P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
-        P.route[8 + threadIdx.x] = wt[threadIdx.x];
-    }
+    route_publish(P, sel, wt);
 }
 #endif
 
@@ -390,10 +402,7 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
     top8(P, sel, wt, red);
     trace_mark(tr, 60);
 #endif
-    if (blockIdx.x == 0 && threadIdx.x < 8) {
-        P.route[threadIdx.x] = __int_as_float(sel[threadIdx.x]);
-        P.route[8 + threadIdx.x] = wt[threadIdx.x];
-    }
+    route_publish(P, sel, wt);
     if (P.prefetch && threadIdx.x == 0) {
         /* this phase's later tasks, then the down projections' */
         for (int task = blockIdx.x + gridDim.x; task < 8 * (MOE_I / 32); task += gridDim.x) {
@@ -401,11 +410,7 @@ __device__ __noinline__ void moe_experts(const StepParams &P, const LayerDev &L,
             prefetch_cols(L.gate, sel[j], n0, 32);
             prefetch_cols(L.up, sel[j], n0, 32);
         }
-        for (int task = blockIdx.x; task < HDC_D / 16; task += gridDim.x) {
-            for (int j = 0; j < 8; j++)
-                prefetch_cols(L.down, sel[j], task * 16, 16);
-            prefetch_cols(L.sdown, 0, task * 16, 16);
-        }
+        down_prefetch(L, sel);
     }
     /* a CTA's tasks two at a time in one GEMV, so that its weight stream
      * does not drain between them */
@@ -478,9 +483,10 @@ __device__ __noinline__ void moe_down(const StepParams &P, const LayerDev &L, bo
     trace_mark(tr, 13);
     for (int j = u0 / NBK; j < 9 && j * NBK < u1; j++) {
         const int b0 = max(u0 - j * NBK, 0), b1 = min(u1 - j * NBK, NBK);
-        /* without a grid barrier after phase X: routed expert j's 32
-         * gate/up tasks (the shared expert's f is from phase R, waited for
-         * here only under HDC_ROUTER_FLAG) */
+        /* without a grid barrier after phase X: map j's gate/up (the
+         * routed experts', and under HDC_SHARED_IN_X the shared one's; else
+         * the shared expert's f is from phase R, waited for here only under
+         * HDC_ROUTER_FLAG) */
         if (P.use_flags && j < MOE_X_MAPS)
             flag_wait(P.flags + HDC_FL_EXPERT + j, MOE_X_DONE);
         else if (HDC_ROUTER_FLAGS && P.use_flags)
